@@ -1,0 +1,38 @@
+/* await.h -- how a C function of the Lua binding waits for an asynchronous result.
+ *
+ * Inside a relaybus coroutine (a handler or a task) the function yields and the loop goes on;
+ * in the main chunk it runs the loop until the result arrives, so the call blocks. Either way
+ * the Lua caller sees an ordinary function call that returns the results.
+ *
+ *   static int l_thing(lua_State *L) {
+ *       rb_await *w = rb_await_begin(L);       // raises "aborted" result if the run is aborted
+ *       if (!w) return 2;                       // nil, "aborted" already pushed
+ *       start_io(..., on_done, w);              // on_done may run before start_io returns
+ *       return rb_await_finish(L, w);
+ *   }
+ *   static void on_done(void *ud, ...) {
+ *       rb_await *w = ud;
+ *       lua_State *T = rb_await_target(w);      // NULL when the waiter gave up (aborted)
+ *       if (T) { lua_pushxxx(T, ...); ... }
+ *       rb_await_resolve(w, T ? nresults : 0);  // frees w
+ *   }
+ *
+ * When the waiting run is aborted, the wait ends at once with nil, "aborted"; the late
+ * completion then finds rb_await_target() == NULL and only frees its data. An optional cancel
+ * hook lets the I/O stop early (an HTTP transfer is cut). */
+#ifndef RB_AWAIT_H
+#define RB_AWAIT_H
+
+#include <lua.h>
+
+typedef struct rb_await rb_await;
+
+/* Returns NULL after pushing nil, "aborted" when the calling run is already aborted. */
+rb_await *rb_await_begin(lua_State *L);
+int rb_await_finish(lua_State *L, rb_await *w);
+lua_State *rb_await_target(rb_await *w);
+void rb_await_resolve(rb_await *w, int nresults);
+/* cancel(ud) is called at most once, when the waiter is aborted before the result came. */
+void rb_await_on_cancel(rb_await *w, void (*cancel)(void *ud), void *ud);
+
+#endif

@@ -1,0 +1,39 @@
+/* delivery.h -- the delivery record, as every store returns it.
+ *
+ * One record is one allocation: the strings live in the same block after the struct, so a
+ * record is freed with one free() (rb_delivery_free) and copied with one memcpy-ish call. */
+#ifndef RB_DELIVERY_H
+#define RB_DELIVERY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { RB_PENDING = 0, RB_PROCESSING, RB_COMPLETED, RB_BURIED } rb_status;
+
+typedef struct rb_delivery {
+    char *id;               /* unique in the store */
+    char *topic;
+    char *payload;          /* JSON text as stored (may be invalid if written by hand) */
+    char *key;              /* dedupe key or NULL */
+    char *last_error;       /* or NULL */
+    char *lease_token;      /* or NULL when not processing */
+    rb_status status;
+    int attempts;
+    int max_attempts;
+    int64_t fence;
+    double run_at;          /* epoch s */
+    double created_at;      /* epoch s */
+    double lease_expires_at;/* epoch s, 0 when none */
+} rb_delivery;
+
+/* Builds a record; string arguments are copied (NULL stays NULL). */
+rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payload,
+                             const char *key, const char *last_error, const char *lease_token);
+void rb_delivery_free(rb_delivery *d);
+void rb_delivery_list_free(rb_delivery **list, size_t n);
+
+const char *rb_status_name(rb_status s);
+/* Returns -1 for an unknown name. */
+int rb_status_parse(const char *name);
+
+#endif

@@ -1,0 +1,96 @@
+/* store.c -- opening a store by URL, and the small helpers every store shares. */
+#include <ctype.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "store.h"
+
+rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_options *opts,
+                        char *err, size_t errlen)
+{
+    rb_store_options o = {NULL, 1};
+    if (opts) o = *opts;
+    if (!o.table) o.table = "relaybus_deliveries";
+    if (!rb_valid_identifier(o.table)) {
+        snprintf(err, errlen, "invalid table name '%s' (letters, digits and _ only)", o.table);
+        return NULL;
+    }
+    if (!url || !*url) {
+        snprintf(err, errlen, "empty store URL");
+        return NULL;
+    }
+    if (strncmp(url, "sqlite:", 7) == 0) {
+        const char *path = url + 7;
+        if (strncmp(path, "//", 2) == 0) path += 2;   /* accept sqlite://PATH too */
+        if (!*path) {
+            snprintf(err, errlen, "sqlite URL needs a path: sqlite:PATH or sqlite::memory:");
+            return NULL;
+        }
+        return rb_sqlite_open(loop, path, &o, err, errlen);
+    }
+    if (strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0)
+        return rb_pg_open(loop, url, &o, err, errlen);
+    if (strncmp(url, "mongodb://", 10) == 0 || strncmp(url, "mongodb+srv://", 14) == 0)
+        return rb_mongo_open(loop, url, &o, err, errlen);
+    snprintf(err, errlen,
+             "unsupported store URL '%.200s' (expected sqlite:PATH, postgresql://... or mongodb://...)",
+             url);
+    return NULL;
+}
+
+int rb_valid_identifier(const char *name)
+{
+    if (!name || !(isalpha((unsigned char)name[0]) || name[0] == '_')) return 0;
+    size_t n = 0;
+    for (const char *p = name; *p; p++, n++)
+        if (!(isalnum((unsigned char)*p) || *p == '_')) return 0;
+    return n <= 63;
+}
+
+void rb_random_token(char out[33])
+{
+    unsigned char raw[16];
+    static int fd = -2;
+    if (fd == -2) fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
+    if (got != (ssize_t)sizeof raw) {
+        /* /dev/urandom missing: fall back to a clock-seeded generator; tokens stay unique
+         * enough for fencing because the claim also bumps the fence. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        unsigned seed = (unsigned)(ts.tv_nsec ^ ts.tv_sec ^ getpid());
+        for (size_t i = 0; i < sizeof raw; i++) raw[i] = (unsigned char)rand_r(&seed);
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[32] = 0;
+}
+
+double rb_wall_time(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void rb_store_notify_local(rb_store *s)
+{
+    if (s->local_wakeup) s->local_wakeup(s->local_wakeup_ud);
+}
+
+void rb_rowset_free(rb_rowset *rs)
+{
+    if (!rs) return;
+    for (int c = 0; c < rs->ncols; c++) free(rs->names[c]);
+    free(rs->names);
+    for (size_t i = 0; i < rs->nrows * (size_t)rs->ncols; i++)
+        if (rs->vals[i].type == RB_VTEXT) free((char *)rs->vals[i].s);
+    free(rs->vals);
+    free(rs);
+}

@@ -1,0 +1,11 @@
+/* store_mongo.c -- placeholder until the mongodb store lands: opening one fails with a clear error. */
+#include <stdio.h>
+#include "store.h"
+
+rb_store *rb_mongo_open(struct ev_loop *loop, const char *where, const rb_store_options *opts,
+                       char *err, size_t errlen)
+{
+    (void)loop; (void)where; (void)opts;
+    snprintf(err, errlen, "the mongodb store is not available in this build");
+    return NULL;
+}
