@@ -6,7 +6,7 @@
 PREFIX  ?= /usr/local
 BUILD   ?= build
 CC      ?= cc
-PKGS     = lua5.4 sqlite3 libpq libmongoc-1.0 libcurl
+PKGS     = lua5.4 sqlite3 libpq libmongoc-1.0 libcurl libcrypto
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
            -I/usr/include/postgresql $(shell pkg-config --cflags $(PKGS))
