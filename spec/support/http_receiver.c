@@ -1,0 +1,423 @@
+/* http_receiver.c -- a small HTTP/1.1 server on libev that the specs start as a child:
+ * `http_receiver PORTFILE` listens on 127.0.0.1 (a free port, written to PORTFILE) and answers
+ * test paths (status codes, Retry-After, hangs, big and slow bodies, echo, per-id counts). */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <ev.h>
+
+#define MAX_REQUEST (8 << 20)
+
+typedef struct buf { char *p; size_t len, cap; } buf;
+
+typedef struct conn {
+    ev_io io;
+    ev_timer slow;
+    int fd;
+    buf in, out;
+    size_t out_off;
+    int busy;        /* a request is being answered: parse no more until it is written */
+    int hanging;     /* /hang: never answer */
+    int close_after; /* Connection: close, or HTTP/1.0 */
+} conn;
+
+typedef struct request {
+    char method[16], path[1024];
+    const char *headers;    /* raw header block, "Name: value\r\n" lines */
+    size_t headers_len;
+    const char *body;
+    size_t body_len;
+} request;
+
+/* Counts of POSTs to /count per X-Relaybus-Id. */
+typedef struct count { char *id; long n; } count;
+static count *counts;
+static size_t ncounts;
+static long hangs_open, hangs_total;
+
+static void conn_update(struct ev_loop *loop, conn *c);
+
+/* ---- buffers ---- */
+
+static int buf_add(buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+static void buf_addf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_addf(buf *b, const char *fmt, ...)
+{
+    char tmp[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0) buf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+static void buf_add_json_string(buf *b, const char *s, size_t n)
+{
+    buf_add(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            char esc[2] = {'\\', (char)ch};
+            buf_add(b, esc, 2);
+        } else if (ch < 0x20) {
+            buf_addf(b, "\\u%04x", ch);
+        } else {
+            buf_add(b, (const char *)&s[i], 1);
+        }
+    }
+    buf_add(b, "\"", 1);
+}
+
+/* ---- request parsing ---- */
+
+/* The value of header `name` in the raw block, or NULL; *len set. */
+static const char *header_value(const request *r, const char *name, size_t *len)
+{
+    size_t nl = strlen(name);
+    const char *p = r->headers, *end = r->headers + r->headers_len;
+    while (p < end) {
+        const char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
+        if (!eol) eol = end;
+        if ((size_t)(eol - p) > nl && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+            const char *v = p + nl + 1;
+            while (v < eol && (*v == ' ' || *v == '\t')) v++;
+            *len = (size_t)(eol - v);
+            return v;
+        }
+        p = eol + 2;
+    }
+    return NULL;
+}
+
+/* Returns bytes consumed by one complete request, 0 when more is needed, -1 when malformed. */
+static long parse_request(conn *c, request *r)
+{
+    char *head_end = memmem(c->in.p, c->in.len, "\r\n\r\n", 4);
+    if (!head_end) return c->in.len > 65536 ? -1 : 0;
+    char version[16] = "";
+    if (sscanf(c->in.p, "%15s %1023s %15s", r->method, r->path, version) != 3) return -1;
+    const char *first_eol = strstr(c->in.p, "\r\n");
+    r->headers = first_eol + 2;
+    r->headers_len = (size_t)(head_end + 2 - r->headers);
+    size_t vlen;
+    const char *cl = header_value(r, "Content-Length", &vlen);
+    long body_len = cl ? strtol(cl, NULL, 10) : 0;
+    if (body_len < 0 || body_len > MAX_REQUEST) return -1;
+    size_t head_len = (size_t)(head_end + 4 - c->in.p);
+    if (c->in.len < head_len + (size_t)body_len) return 0;
+    r->body = head_end + 4;
+    r->body_len = (size_t)body_len;
+    const char *conn_hdr = header_value(r, "Connection", &vlen);
+    c->close_after = strcmp(version, "HTTP/1.0") == 0 ||
+                     (conn_hdr && vlen == 5 && strncasecmp(conn_hdr, "close", 5) == 0);
+    return (long)(head_len + (size_t)body_len);
+}
+
+/* ---- responses ---- */
+
+static void respond(conn *c, int status, const char *extra_headers, const char *body,
+                    size_t body_len)
+{
+    buf_addf(&c->out, "HTTP/1.1 %d X\r\nContent-Length: %zu\r\n%s%s\r\n", status, body_len,
+             extra_headers ? extra_headers : "", c->close_after ? "Connection: close\r\n" : "");
+    buf_add(&c->out, body, body_len);
+}
+
+static void respond_buf(conn *c, int status, buf *body)
+{
+    respond(c, status, "Content-Type: application/json\r\n", body->p ? body->p : "", body->len);
+    free(body->p);
+}
+
+static void answer_echo(conn *c, const request *r)
+{
+    buf b = {0};
+    buf_add(&b, "{\"method\":", 10);
+    buf_add_json_string(&b, r->method, strlen(r->method));
+    buf_add(&b, ",\"path\":", 8);
+    buf_add_json_string(&b, r->path, strlen(r->path));
+    buf_add(&b, ",\"body\":", 8);
+    buf_add_json_string(&b, r->body, r->body_len);
+    buf_add(&b, ",\"headers\":{", 12);
+    const char *p = r->headers, *end = r->headers + r->headers_len;
+    int first = 1;
+    while (p < end) {
+        const char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
+        if (!eol) eol = end;
+        const char *colon = memchr(p, ':', (size_t)(eol - p));
+        if (colon) {
+            char name[256];
+            size_t nl = (size_t)(colon - p) < sizeof name - 1 ? (size_t)(colon - p) : sizeof name - 1;
+            for (size_t i = 0; i < nl; i++) name[i] = (char)tolower((unsigned char)p[i]);
+            const char *v = colon + 1;
+            while (v < eol && *v == ' ') v++;
+            if (!first) buf_add(&b, ",", 1);
+            first = 0;
+            buf_add_json_string(&b, name, nl);
+            buf_add(&b, ":", 1);
+            buf_add_json_string(&b, v, (size_t)(eol - v));
+        }
+        p = eol + 2;
+    }
+    buf_add(&b, "}}", 2);
+    respond_buf(c, 200, &b);
+}
+
+static void record_count(const request *r)
+{
+    size_t len;
+    const char *v = header_value(r, "X-Relaybus-Id", &len);
+    if (!v) v = "", len = 0;
+    for (size_t i = 0; i < ncounts; i++)
+        if (strlen(counts[i].id) == len && strncmp(counts[i].id, v, len) == 0) {
+            counts[i].n++;
+            return;
+        }
+    count *cs = realloc(counts, (ncounts + 1) * sizeof *cs);
+    if (!cs) return;
+    counts = cs;
+    counts[ncounts].id = strndup(v, len);
+    counts[ncounts].n = 1;
+    if (counts[ncounts].id) ncounts++;
+}
+
+static void answer_counts(conn *c)
+{
+    buf b = {0};
+    buf_add(&b, "{", 1);
+    for (size_t i = 0; i < ncounts; i++) {
+        if (i) buf_add(&b, ",", 1);
+        buf_add_json_string(&b, counts[i].id, strlen(counts[i].id));
+        buf_addf(&b, ":%ld", counts[i].n);
+    }
+    buf_add(&b, "}", 1);
+    respond_buf(c, 200, &b);
+}
+
+static void answer_big(conn *c, long n)
+{
+    if (n < 0 || n > (1L << 30)) n = 0;
+    char *body = malloc((size_t)n + 1);
+    if (!body) {
+        respond(c, 500, NULL, "no memory", 9);
+        return;
+    }
+    memset(body, 'x', (size_t)n);
+    respond(c, 200, "Content-Type: application/octet-stream\r\n", body, (size_t)n);
+    free(body);
+}
+
+static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    conn *c = w->data;
+    respond(c, 200, NULL, "slow", 4);
+    conn_update(loop, c);
+}
+
+/* Answers one parsed request; leaves c->busy set while an answer is still to come. */
+static void dispatch(struct ev_loop *loop, conn *c, const request *r)
+{
+    long n = 0;
+    char hdr[64];
+    c->busy = 1;
+    if (sscanf(r->path, "/status/%ld", &n) == 1) {
+        respond(c, (int)n, NULL, "status", 6);
+    } else if (sscanf(r->path, "/retry-after/%ld", &n) == 1) {
+        snprintf(hdr, sizeof hdr, "Retry-After: %ld\r\n", n);
+        respond(c, 503, hdr, "busy", 4);
+    } else if (strcmp(r->path, "/hang") == 0) {
+        c->hanging = 1;
+        hangs_open++;
+        hangs_total++;
+    } else if (sscanf(r->path, "/big/%ld", &n) == 1) {
+        answer_big(c, n);
+    } else if (sscanf(r->path, "/slow/%ld", &n) == 1) {
+        ev_timer_set(&c->slow, n / 1000.0, 0.);
+        ev_timer_start(loop, &c->slow);
+    } else if (strcmp(r->path, "/echo") == 0) {
+        answer_echo(c, r);
+    } else if (strcmp(r->path, "/count") == 0) {
+        if (strcmp(r->method, "POST") == 0) record_count(r);
+        respond(c, 200, NULL, "ok", 2);
+    } else if (strcmp(r->path, "/counts") == 0) {
+        answer_counts(c);
+    } else if (strcmp(r->path, "/hangs") == 0) {
+        buf b = {0};
+        buf_addf(&b, "{\"open\":%ld,\"total\":%ld}", hangs_open, hangs_total);
+        respond_buf(c, 200, &b);
+    } else {
+        respond(c, 404, NULL, "not found", 9);
+    }
+}
+
+/* ---- connections ---- */
+
+static void conn_close(struct ev_loop *loop, conn *c)
+{
+    if (c->hanging) hangs_open--;
+    ev_io_stop(loop, &c->io);
+    ev_timer_stop(loop, &c->slow);
+    close(c->fd);
+    free(c->in.p);
+    free(c->out.p);
+    free(c);
+}
+
+/* Parses the next buffered request when the previous one has been answered. */
+static int conn_process(struct ev_loop *loop, conn *c)
+{
+    while (!c->busy && c->in.len > 0) {
+        request r;
+        long used = parse_request(c, &r);
+        if (used < 0) return -1;
+        if (used == 0) return 0;
+        dispatch(loop, c, &r);
+        memmove(c->in.p, c->in.p + used, c->in.len - (size_t)used);
+        c->in.len -= (size_t)used;
+    }
+    return 0;
+}
+
+/* Writes what it can; returns -1 when the connection should close. */
+static int conn_flush(conn *c)
+{
+    while (c->out_off < c->out.len) {
+        ssize_t n = write(c->fd, c->out.p + c->out_off, c->out.len - c->out_off);
+        if (n < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+        c->out_off += (size_t)n;
+    }
+    if (c->out.len > 0 && c->out_off == c->out.len) {
+        c->out.len = c->out_off = 0;
+        c->busy = 0;
+        if (c->close_after) return -1;
+    }
+    return 0;
+}
+
+/* After any change: write, then parse what is buffered, then watch for what is needed. */
+static void conn_update(struct ev_loop *loop, conn *c)
+{
+    for (;;) {
+        if (conn_flush(c) < 0) { conn_close(loop, c); return; }
+        if (c->busy) break;
+        size_t before = c->in.len;
+        if (conn_process(loop, c) < 0) { conn_close(loop, c); return; }
+        if (c->in.len == before && c->out.len == 0) break;
+    }
+    int events = EV_READ | (c->out_off < c->out.len ? EV_WRITE : 0);
+    if (events != (c->io.events & (EV_READ | EV_WRITE))) {
+        ev_io_stop(loop, &c->io);
+        ev_io_set(&c->io, c->fd, events);
+        ev_io_start(loop, &c->io);
+    }
+}
+
+static void on_conn(struct ev_loop *loop, ev_io *w, int revents)
+{
+    conn *c = (conn *)w;
+    if (revents & EV_READ) {
+        char tmp[65536];
+        ssize_t n = read(c->fd, tmp, sizeof tmp);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            conn_close(loop, c);
+            return;
+        }
+        if (n > 0 && (c->in.len + (size_t)n > MAX_REQUEST + 65536 ||
+                      buf_add(&c->in, tmp, (size_t)n) < 0)) {
+            conn_close(loop, c);
+            return;
+        }
+    }
+    conn_update(loop, c);
+}
+
+static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    int fd = accept4(w->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->fd = fd;
+    ev_io_init(&c->io, on_conn, fd, EV_READ);
+    ev_init(&c->slow, on_slow);
+    c->slow.data = c;
+    ev_io_start(loop, &c->io);
+}
+
+/* ---- start-up ---- */
+
+static int listen_loopback(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 512) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &alen) < 0)
+        return -1;
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Written under a temporary name, then renamed: a reader never sees half a port. */
+static int write_portfile(const char *path, int port)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return -1;
+    fprintf(f, "%d\n", port);
+    if (fclose(f) != 0) return -1;
+    return rename(tmp, path);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: http_receiver PORTFILE\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    int port;
+    int fd = listen_loopback(&port);
+    if (fd < 0 || write_portfile(argv[1], port) < 0) {
+        perror("http_receiver");
+        return 1;
+    }
+    struct ev_loop *loop = ev_default_loop(0);
+    ev_io lw;
+    ev_io_init(&lw, on_accept, fd, EV_READ);
+    ev_io_start(loop, &lw);
+    ev_run(loop, 0);
+    return 0;
+}
