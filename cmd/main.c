@@ -1,0 +1,190 @@
+/* main.c -- the `relaybus` command: a Lua 5.4 host on the libev default loop that preloads the
+ * relaybus module and runs the command-line interface compiled in from cmd/cli.lua.
+ * SIGINT/SIGTERM: the first stops every dispatcher gracefully, a second exits at once. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ev.h>
+#include <lua.h>
+#include <lauxlib.h>
+#include <lualib.h>
+
+#include "relaybus.h"
+#include "cli_lua.h"
+
+static lua_State *host_L;
+static ev_signal sig_int, sig_term;
+
+/* After the first signal: any further SIGINT/SIGTERM ends the process at once, even while Lua
+ * code runs without returning to the loop. */
+static void hard_exit(int signo)
+{
+    _exit(128 + signo);
+}
+
+static void install_hard_exit(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = hard_exit;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static void stop_watcher(struct ev_loop *loop, ev_signal *w)
+{
+    if (ev_is_active(w)) {
+        ev_ref(loop); /* it was unref'd when started */
+        ev_signal_stop(loop, w);
+    }
+}
+
+static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    (void)revents;
+    int signo = w->signum;
+    /* libev restores SIG_DFL when its last watcher of a signal stops; ours replaces it. */
+    stop_watcher(loop, &sig_int);
+    stop_watcher(loop, &sig_term);
+    install_hard_exit();
+    if (!host_L || rb_lua_busy(host_L) == 0) {
+        /* No dispatcher or task to stop gracefully: end like an interrupted program. */
+        fflush(NULL);
+        _exit(128 + signo);
+    }
+    rb_lua_stop_all(host_L);
+}
+
+/* The private helpers the CLI chunk gets as its first argument. */
+static int h_setenv(lua_State *L)
+{
+    const char *name = luaL_checkstring(L, 1);
+    if (lua_isnoneornil(L, 2)) {
+        unsetenv(name);
+    } else if (setenv(name, luaL_checkstring(L, 2), 1) != 0) {
+        return luaL_error(L, "setenv %s: %s", name, strerror(errno));
+    }
+    return 0;
+}
+
+static int h_stop_all(lua_State *L)
+{
+    rb_lua_stop_all(L);
+    return 0;
+}
+
+static int h_busy(lua_State *L)
+{
+    lua_pushinteger(L, rb_lua_busy(L));
+    return 1;
+}
+
+static int h_isatty(lua_State *L)
+{
+    lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)));
+    return 1;
+}
+
+/* Error handler: keeps the message (one line, no traceback); non-string errors are described. */
+static int msgh(lua_State *L)
+{
+    const char *msg = lua_tostring(L, 1);
+    if (msg == NULL) {
+        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+            return 1;
+        lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    return 1;
+}
+
+static void print_error(const char *msg)
+{
+    /* One line: the message's newlines become spaces. */
+    fputs("relaybus: ", stderr);
+    for (const char *p = msg; *p; p++)
+        fputc(*p == '\n' || *p == '\r' ? ' ' : *p, stderr);
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+int main(int argc, char **argv)
+{
+    struct ev_loop *loop = ev_default_loop(0);
+    if (!loop) {
+        fputs("relaybus: cannot initialise the event loop\n", stderr);
+        return 1;
+    }
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        fputs("relaybus: cannot create the Lua state (out of memory)\n", stderr);
+        return 1;
+    }
+    luaL_openlibs(L);
+    rb_lua_set_loop(L, loop);
+
+    /* require "relaybus" finds the built-in module. */
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    lua_pushcfunction(L, luaopen_relaybus);
+    lua_setfield(L, -2, "relaybus");
+    lua_pop(L, 1);
+
+    /* arg, as lua5.4 sets it: arg[0] the program, arg[1..] its arguments. */
+    lua_createtable(L, argc, 1);
+    for (int i = 0; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i);
+    }
+    lua_setglobal(L, "arg");
+
+    host_L = L;
+    ev_signal_init(&sig_int, on_signal, SIGINT);
+    ev_signal_init(&sig_term, on_signal, SIGTERM);
+    ev_signal_start(loop, &sig_int);
+    ev_signal_start(loop, &sig_term);
+    /* The signal watchers alone must not keep relaybus.run()'s loop alive. */
+    ev_unref(loop);
+    ev_unref(loop);
+
+    int status = 1;
+    lua_pushcfunction(L, msgh);
+    int base = lua_gettop(L);
+    if (luaL_loadbufferx(L, cli_lua, sizeof cli_lua - 1, "=relaybus", "t") != LUA_OK) {
+        print_error(lua_tostring(L, -1));
+        lua_close(L);
+        return 1;
+    }
+    /* First argument: the host helpers; then the command-line arguments. */
+    lua_createtable(L, 0, 4);
+    lua_pushcfunction(L, h_setenv);
+    lua_setfield(L, -2, "setenv");
+    lua_pushcfunction(L, h_stop_all);
+    lua_setfield(L, -2, "stop_all");
+    lua_pushcfunction(L, h_busy);
+    lua_setfield(L, -2, "busy");
+    lua_pushcfunction(L, h_isatty);
+    lua_setfield(L, -2, "isatty");
+    luaL_checkstack(L, argc + 1, "too many arguments");
+    for (int i = 1; i < argc; i++)
+        lua_pushstring(L, argv[i]);
+    if (lua_pcall(L, argc, 1, base) != LUA_OK) {
+        print_error(lua_tostring(L, -1));
+        status = 1;
+    } else if (lua_isinteger(L, -1)) {
+        status = (int)lua_tointeger(L, -1);
+    } else {
+        status = lua_toboolean(L, -1) || lua_isnil(L, -1) ? 0 : 1;
+    }
+    fflush(stdout);
+
+    /* Close Lua last: its stores and dispatchers may still own watchers on the loop. */
+    stop_watcher(loop, &sig_int);
+    stop_watcher(loop, &sig_term);
+    host_L = NULL;
+    lua_close(L);
+    return status;
+}
