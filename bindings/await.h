@@ -32,7 +32,10 @@ rb_await *rb_await_begin(lua_State *L);
 int rb_await_finish(lua_State *L, rb_await *w);
 lua_State *rb_await_target(rb_await *w);
 void rb_await_resolve(rb_await *w, int nresults);
-/* cancel(ud) is called at most once, when the waiter is aborted before the result came. */
+/* cancel(ud) is called at most once, when the waiter is aborted before the result came.
+ * With a cancel hook, the I/O must NOT complete the wait after cancel returns (rb_await
+ * frees itself); without one, the late completion sees rb_await_target() == NULL and must
+ * still call rb_await_resolve(w, 0) so the wait is freed. */
 void rb_await_on_cancel(rb_await *w, void (*cancel)(void *ud), void *ud);
 
 #endif
