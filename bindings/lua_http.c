@@ -1,0 +1,304 @@
+/* lua_http.c -- the `relaybus.http` table: request{...} on the module's HTTP transport (one
+ * rb_http per module, created on first use), waiting through rb_await so a handler yields and
+ * the main chunk blocks; an aborted waiter cuts its transfer. Also hmac_sha256 for webhooks. */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <lua.h>
+#include <lauxlib.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include "http.h"
+#include "await.h"
+#include "module.h"
+
+#define STATE_KEY "relaybus.http.state"
+#define STATE_MT "relaybus.http.state"
+
+/* Lives outside Lua memory: the module's cut hook keeps a pointer to it for the whole life
+ * of the Lua state, possibly after the userdata that owns the transport was collected. */
+typedef struct transport {
+    rb_http *h;
+    int collected;
+} transport;
+
+/* One request in flight: the waiter and the transfer, for the cancel hook. */
+typedef struct call {
+    rb_await *w;
+    rb_http_transfer *t;
+} call;
+
+/* ---- the transport of this module ---- */
+
+static void on_module_cut(void *ud)
+{
+    transport *tp = ud;
+    if (tp->collected) {
+        free(tp);       /* the state is closing and our userdata is gone: last call */
+        return;
+    }
+    if (tp->h) rb_http_cut_all(tp->h, "cut by shutdown");
+}
+
+/* At lua_close: open transfers are dropped without callbacks, since the waiters' own state
+ * may already be gone. */
+static int state_gc(lua_State *L)
+{
+    transport **ud = luaL_checkudata(L, 1, STATE_MT);
+    if (*ud) {
+        rb_http_free((*ud)->h);
+        (*ud)->h = NULL;
+        (*ud)->collected = 1;
+        *ud = NULL;
+    }
+    return 0;
+}
+
+static rb_http *get_transport(lua_State *L)
+{
+    if (lua_getfield(L, LUA_REGISTRYINDEX, STATE_KEY) == LUA_TUSERDATA) {
+        transport **ud = lua_touserdata(L, -1);
+        lua_pop(L, 1);
+        if (*ud && (*ud)->h) return (*ud)->h;
+        luaL_error(L, "relaybus: http: the transport is closed");
+    }
+    lua_pop(L, 1);
+    rb_module *m = rb_module_get(L);
+    transport **ud = lua_newuserdatauv(L, sizeof *ud, 0);
+    *ud = NULL;
+    if (luaL_newmetatable(L, STATE_MT)) {
+        lua_pushcfunction(L, state_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    transport *tp = calloc(1, sizeof *tp);
+    if (!tp || !(tp->h = rb_http_new(rb_module_loop(m)))) {
+        free(tp);
+        luaL_error(L, "relaybus: http: cannot create the transport (out of memory)");
+    }
+    *ud = tp;
+    lua_setfield(L, LUA_REGISTRYINDEX, STATE_KEY);
+    rb_module_on_cut(m, on_module_cut, tp);
+    return tp->h;
+}
+
+/* ---- reading the options ---- */
+
+static const char *const request_keys[] = {
+    "method", "url", "headers", "body", "timeout", "max_body", "follow_redirects", NULL};
+
+static void check_keys(lua_State *L, int idx)
+{
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        int known = 0;
+        if (lua_type(L, -1) == LUA_TSTRING)
+            for (int i = 0; request_keys[i]; i++)
+                if (strcmp(lua_tostring(L, -1), request_keys[i]) == 0) known = 1;
+        if (!known)
+            luaL_error(L, "relaybus: http.request: unknown option '%s'", luaL_tolstring(L, -1, NULL));
+    }
+}
+
+/* Fetches opts[key] onto the stack; raises unless it is nil or of type `want`. */
+static int opt_field(lua_State *L, int idx, const char *key, int want)
+{
+    int t = lua_getfield(L, idx, key);
+    if (t != LUA_TNIL && t != want)
+        luaL_error(L, "relaybus: http.request: '%s' must be a %s, not %s", key,
+                   lua_typename(L, want), lua_typename(L, t));
+    return t != LUA_TNIL;
+}
+
+static int bad_header_text(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0') return 1;
+    return 0;
+}
+
+/* Turns opts.headers (name -> value) into "Name: value" strings left on the stack; their
+ * pointers go to a userdata array, also on the stack, below them. Returns the count. */
+static size_t read_headers(lua_State *L, int idx, const char ***out)
+{
+    *out = NULL;
+    if (!opt_field(L, idx, "headers", LUA_TTABLE)) return 0;
+    int ht = lua_gettop(L);
+    size_t n = 0;
+    for (lua_pushnil(L); lua_next(L, ht); lua_pop(L, 1)) n++;
+    const char **lines = lua_newuserdatauv(L, (n ? n : 1) * sizeof *lines, 0);
+    luaL_checkstack(L, (int)n + 4, "too many headers");
+    size_t i = 0;
+    for (lua_pushnil(L); lua_next(L, ht); lua_pop(L, 1)) {
+        if (lua_type(L, -2) != LUA_TSTRING ||
+            (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
+            luaL_error(L, "relaybus: http.request: headers must map names to strings");
+        size_t nl, vl;
+        const char *name = lua_tolstring(L, -2, &nl);
+        const char *value = lua_tolstring(L, -1, &vl);
+        if (nl == 0 || bad_header_text(name, nl) || bad_header_text(value, vl) ||
+            memchr(name, ':', nl))
+            luaL_error(L, "relaybus: http.request: invalid header '%s'", name);
+        /* "Name;" is curl's way to send an empty value ("Name:" would remove the header) */
+        const char *line = vl ? lua_pushfstring(L, "%s: %s", name, value)
+                              : lua_pushfstring(L, "%s;", name);
+        lua_insert(L, ht);      /* keep it below the iteration's key and value */
+        ht++;
+        lines[i++] = line;
+    }
+    *out = lines;
+    return n;
+}
+
+static void read_request(lua_State *L, rb_http_request *req)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    check_keys(L, 1);
+    memset(req, 0, sizeof *req);
+    if (!opt_field(L, 1, "url", LUA_TSTRING))
+        luaL_error(L, "relaybus: http.request: 'url' is required");
+    req->url = lua_tostring(L, -1);
+    if (opt_field(L, 1, "method", LUA_TSTRING)) req->method = lua_tostring(L, -1);
+    if (req->method && (!*req->method || bad_header_text(req->method, strlen(req->method)) ||
+                        strchr(req->method, ' ')))
+        luaL_error(L, "relaybus: http.request: invalid method '%s'", req->method);
+    if (opt_field(L, 1, "body", LUA_TSTRING)) req->body = lua_tolstring(L, -1, &req->body_len);
+    if (opt_field(L, 1, "timeout", LUA_TNUMBER)) {
+        req->timeout = lua_tonumber(L, -1);
+        if (!(req->timeout > 0)) luaL_error(L, "relaybus: http.request: 'timeout' must be > 0");
+    }
+    if (opt_field(L, 1, "max_body", LUA_TNUMBER)) {
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) <= 0)
+            luaL_error(L, "relaybus: http.request: 'max_body' must be a positive integer");
+        req->max_body = (size_t)lua_tointeger(L, -1);
+    }
+    if (opt_field(L, 1, "follow_redirects", LUA_TBOOLEAN))
+        req->follow_redirects = lua_toboolean(L, -1);
+    const char **lines;
+    req->nheaders = read_headers(L, 1, &lines);
+    req->headers = lines;
+}
+
+/* ---- results ---- */
+
+/* Sets t[lower(name)] = value, joining a repeated header with ", ". */
+static void push_header(lua_State *T, int tbl, const char *line)
+{
+    const char *colon = strchr(line, ':');
+    size_t nl = (size_t)(colon - line);
+    luaL_Buffer b;
+    luaL_buffinit(T, &b);
+    for (size_t i = 0; i < nl; i++) luaL_addchar(&b, (char)tolower((unsigned char)line[i]));
+    luaL_pushresult(&b);
+    const char *v = colon + 1;
+    while (*v == ' ' || *v == '\t') v++;
+    lua_pushvalue(T, -1);
+    if (lua_rawget(T, tbl) == LUA_TSTRING) {
+        lua_pushfstring(T, "%s, %s", lua_tostring(T, -1), v);
+        lua_remove(T, -2);
+    } else {
+        lua_pop(T, 1);
+        lua_pushstring(T, v);
+    }
+    lua_rawset(T, tbl);
+}
+
+/* {status=, headers=, body=}, or nil, err; returns the count. */
+static int push_result(lua_State *T, const char *err, const rb_http_response *r)
+{
+    luaL_checkstack(T, 8, "http result");
+    if (err) {
+        lua_pushnil(T);
+        lua_pushstring(T, err);
+        return 2;
+    }
+    lua_createtable(T, 0, 3);
+    lua_pushinteger(T, r->status);
+    lua_setfield(T, -2, "status");
+    lua_createtable(T, 0, (int)r->nheaders);
+    int tbl = lua_gettop(T);
+    for (size_t i = 0; i < r->nheaders; i++) push_header(T, tbl, r->headers[i]);
+    lua_setfield(T, -2, "headers");
+    lua_pushlstring(T, r->body ? r->body : "", r->body_len);
+    lua_setfield(T, -2, "body");
+    return 1;
+}
+
+static void on_done(void *ud, const char *err, const rb_http_response *resp)
+{
+    call *c = ud;
+    rb_await *w = c->w;
+    free(c);
+    lua_State *T = rb_await_target(w);
+    rb_await_resolve(w, T ? push_result(T, err, resp) : 0);
+}
+
+/* The waiter was aborted: cut the transfer now (its callback will not come) and let the
+ * await go, since no completion will ever resolve it. */
+static void on_cancel(void *ud)
+{
+    call *c = ud;
+    rb_await *w = c->w;
+    rb_http_cancel(c->t);
+    free(c);
+    rb_await_resolve(w, 0);
+}
+
+/* ---- Lua functions ---- */
+
+static int l_request(lua_State *L)
+{
+    rb_http_request req;
+    read_request(L, &req);
+    rb_http *h = get_transport(L);
+    call *c = calloc(1, sizeof *c);
+    if (!c) luaL_error(L, "relaybus: http.request: out of memory");
+    char err[256];
+    /* Started before the await begins: a bad URL returns nil, err with nothing to undo. The
+     * transport calls back only from the loop, so c->w is set before on_done can run. */
+    c->t = rb_http_start(h, &req, on_done, c, err, sizeof err);
+    if (!c->t) {
+        free(c);
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) {
+        rb_http_cancel(c->t);
+        free(c);
+        return 2;
+    }
+    c->w = w;
+    rb_await_on_cancel(w, on_cancel, c);
+    return rb_await_finish(L, w);
+}
+
+static int l_hmac_sha256(lua_State *L)
+{
+    size_t klen, dlen;
+    const char *key = luaL_checklstring(L, 1, &klen);
+    const char *data = luaL_checklstring(L, 2, &dlen);
+    unsigned char mac[EVP_MAX_MD_SIZE];
+    unsigned int maclen = 0;
+    if (!HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)data, dlen, mac, &maclen))
+        luaL_error(L, "relaybus: http.hmac_sha256: HMAC failed");
+    char hex[2 * EVP_MAX_MD_SIZE + 1];
+    for (unsigned int i = 0; i < maclen; i++) {
+        hex[2 * i] = "0123456789abcdef"[mac[i] >> 4];
+        hex[2 * i + 1] = "0123456789abcdef"[mac[i] & 15];
+    }
+    lua_pushlstring(L, hex, 2 * (size_t)maclen);
+    return 1;
+}
+
+int rb_lua_open_http(lua_State *L)
+{
+    static const luaL_Reg fns[] = {
+        {"request", l_request},
+        {"hmac_sha256", l_hmac_sha256},
+        {NULL, NULL}};
+    luaL_newlib(L, fns);
+    return 1;
+}
