@@ -509,10 +509,7 @@ local function main()
     i = i + 1
   end
   local cmd = argv[i]
-  if cmd == nil then
-    io.stderr:write(HELP.main, "\n")
-    return EXIT_USAGE
-  end
+  if cmd == nil then usage("missing command (see relaybus --help)") end
   if cmd == "help" then
     local topic = argv[i + 1]
     if topic == nil then return help("main") end
