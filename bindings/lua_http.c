@@ -153,7 +153,9 @@ static size_t read_headers(lua_State *L, int idx, const char ***out)
 
 static void read_request(lua_State *L, rb_http_request *req)
 {
-    luaL_checktype(L, 1, LUA_TTABLE);
+    if (lua_type(L, 1) != LUA_TTABLE)
+        luaL_error(L, "relaybus: http.request: expects a table of options, not %s",
+                   luaL_typename(L, 1));
     check_keys(L, 1);
     memset(req, 0, sizeof *req);
     if (!opt_field(L, 1, "url", LUA_TSTRING))

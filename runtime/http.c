@@ -266,16 +266,27 @@ static int check_url(const char *url, char *err, size_t errlen)
     return ok ? 0 : -1;
 }
 
-/* Request headers; an empty "Expect:" stops curl from waiting for 100-continue on big bodies. */
+static int append_header(rb_http_transfer *t, const char *line)
+{
+    struct curl_slist *next = curl_slist_append(t->req_headers, line);
+    if (!next) return -1;       /* the list so far is freed with the transfer */
+    t->req_headers = next;
+    return 0;
+}
+
+/* Request headers. "Expect:" stops curl from waiting for 100-continue on big bodies, and
+ * "Content-Type:" stops it from labelling a body as a form the caller never said it was. */
 static int set_request_headers(rb_http_transfer *t, const rb_http_request *req)
 {
-    t->req_headers = curl_slist_append(NULL, "Expect:");
-    for (size_t i = 0; t->req_headers && i < req->nheaders; i++) {
-        struct curl_slist *next = curl_slist_append(t->req_headers, req->headers[i]);
-        if (!next) return -1;   /* the list so far is freed with the transfer */
-        t->req_headers = next;
+    int has_type = 0;
+    if (append_header(t, "Expect:") != 0) return -1;
+    for (size_t i = 0; i < req->nheaders; i++) {
+        if (strncasecmp(req->headers[i], "content-type", 12) == 0 &&
+            (req->headers[i][12] == ':' || req->headers[i][12] == ';'))
+            has_type = 1;
+        if (append_header(t, req->headers[i]) != 0) return -1;
     }
-    return t->req_headers ? 0 : -1;
+    return has_type ? 0 : append_header(t, "Content-Type:");
 }
 
 static void set_method_and_body(CURL *e, const rb_http_request *req)

@@ -8,7 +8,7 @@ return function(relaybus)
                   max_body = true }
 
   local function misuse(fmt, ...)
-    error("relaybus: webhook: " .. string.format(fmt, ...), 3)
+    error("relaybus: webhook: " .. string.format(fmt, ...), 0)
   end
 
   local function check_opts(opts)

@@ -1,6 +1,6 @@
 /* http_receiver.c -- a small HTTP/1.1 server on libev that the specs start as a child:
- * `http_receiver PORTFILE` listens on 127.0.0.1 (a free port, written to PORTFILE) and answers
- * test paths (status codes, Retry-After, hangs, big and slow bodies, echo, per-id counts). */
+ * `http_receiver PORTFILE` listens on a free 127.0.0.1 port, writes it to PORTFILE (or, for
+ * "-", prints "PORT PID") and answers the test paths listed above dispatch(). */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <ev.h>
@@ -44,7 +45,8 @@ typedef struct request {
 typedef struct count { char *id; long n; } count;
 static count *counts;
 static size_t ncounts;
-static long hangs_open, hangs_total;
+static long hangs_open, hangs_total, connections;
+static buf last_echo;   /* the latest /echo answer, served again by GET /last */
 
 static void conn_update(struct ev_loop *loop, conn *c);
 
@@ -186,6 +188,8 @@ static void answer_echo(conn *c, const request *r)
         p = eol + 2;
     }
     buf_add(&b, "}}", 2);
+    last_echo.len = 0;
+    buf_add(&last_echo, b.p, b.len);
     respond_buf(c, 200, &b);
 }
 
@@ -241,7 +245,13 @@ static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
     conn_update(loop, c);
 }
 
-/* Answers one parsed request; leaves c->busy set while an answer is still to come. */
+/* Answers one parsed request; leaves c->busy set while an answer is still to come.
+ *   /status/N        answers N                /retry-after/N  503 with Retry-After: N
+ *   /hang            never answers            /big/N          N bytes of body
+ *   /slow/MS         200 after MS ms          /echo           the request as JSON
+ *   /count           counts POSTs per X-Relaybus-Id; GET /counts returns {id: n}
+ *   /last            the latest /echo answer  /repeat         a header sent twice
+ *   /stats           {hangs_open, hangs_total, connections}: cuts and connection reuse */
 static void dispatch(struct ev_loop *loop, conn *c, const request *r)
 {
     long n = 0;
@@ -268,10 +278,16 @@ static void dispatch(struct ev_loop *loop, conn *c, const request *r)
         respond(c, 200, NULL, "ok", 2);
     } else if (strcmp(r->path, "/counts") == 0) {
         answer_counts(c);
-    } else if (strcmp(r->path, "/hangs") == 0) {
+    } else if (strcmp(r->path, "/stats") == 0) {
         buf b = {0};
-        buf_addf(&b, "{\"open\":%ld,\"total\":%ld}", hangs_open, hangs_total);
+        buf_addf(&b, "{\"hangs_open\":%ld,\"hangs_total\":%ld,\"connections\":%ld}",
+                 hangs_open, hangs_total, connections);
         respond_buf(c, 200, &b);
+    } else if (strcmp(r->path, "/last") == 0) {
+        respond(c, 200, "Content-Type: application/json\r\n", last_echo.len ? last_echo.p : "{}",
+                last_echo.len ? last_echo.len : 2);
+    } else if (strcmp(r->path, "/repeat") == 0) {
+        respond(c, 200, "X-Multi: a\r\nX-Multi: b\r\n", "ok", 2);
     } else {
         respond(c, 404, NULL, "not found", 9);
     }
@@ -368,6 +384,7 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
         close(fd);
         return;
     }
+    connections++;
     c->fd = fd;
     ev_io_init(&c->io, on_conn, fd, EV_READ);
     ev_init(&c->slow, on_slow);
@@ -389,9 +406,14 @@ static int listen_loopback(int *port)
     return fd;
 }
 
-/* Written under a temporary name, then renamed: a reader never sees half a port. */
+/* Written under a temporary name, then renamed: a reader never sees half a port. PORTFILE
+ * "-" prints "PORT PID" on stdout instead, for a spec that reads it through io.popen. */
 static int write_portfile(const char *path, int port)
 {
+    if (strcmp(path, "-") == 0) {
+        printf("%d %ld\n", port, (long)getpid());
+        return fflush(stdout) == 0 ? 0 : -1;
+    }
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
@@ -404,10 +426,12 @@ static int write_portfile(const char *path, int port)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: http_receiver PORTFILE\n");
+        fprintf(stderr, "usage: http_receiver PORTFILE|-\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* a spec that dies without stopping us must not leave a server behind */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     int port;
     int fd = listen_loopback(&port);
     if (fd < 0 || write_portfile(argv[1], port) < 0) {
