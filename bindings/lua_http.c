@@ -9,8 +9,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include "http.h"
-#include "await.h"
-#include "module.h"
+#include "internal.h"
 
 #define STATE_KEY "relaybus.http.state"
 #define STATE_MT "relaybus.http.state"
@@ -19,7 +18,9 @@
  * of the Lua state, possibly after the userdata that owns the transport was collected. */
 typedef struct transport {
     rb_http *h;
-    int collected;
+    rb_module *m;
+    int collected;      /* our userdata's __gc ran: the module's closing call frees us */
+    int closed;         /* the module's closing call came first: our __gc frees us */
 } transport;
 
 /* One request in flight: the waiter and the transfer, for the cancel hook. */
@@ -30,26 +31,36 @@ typedef struct call {
 
 /* ---- the transport of this module ---- */
 
+/* A stop's timeout cuts open transfers, and their waiters get "cut by shutdown". When the
+ * state closes (lua_close runs finalizers, in either order with ours) nothing may call back
+ * into Lua: the transport is dropped silently instead. */
 static void on_module_cut(void *ud)
 {
     transport *tp = ud;
     if (tp->collected) {
-        free(tp);       /* the state is closing and our userdata is gone: last call */
-        return;
+        free(tp);
+    } else if (tp->m->closing) {
+        rb_http_free(tp->h);
+        tp->h = NULL;
+        tp->closed = 1;
+    } else {
+        rb_http_cut_all(tp->h, "cut by shutdown");
     }
-    if (tp->h) rb_http_cut_all(tp->h, "cut by shutdown");
 }
 
-/* At lua_close: open transfers are dropped without callbacks, since the waiters' own state
- * may already be gone. */
+/* Runs only at lua_close: the userdata is anchored in the registry. */
 static int state_gc(lua_State *L)
 {
     transport **ud = luaL_checkudata(L, 1, STATE_MT);
-    if (*ud) {
-        rb_http_free((*ud)->h);
-        (*ud)->h = NULL;
-        (*ud)->collected = 1;
-        *ud = NULL;
+    transport *tp = *ud;
+    *ud = NULL;
+    if (!tp) return 0;
+    if (tp->closed) {
+        free(tp);
+    } else {
+        rb_http_free(tp->h);
+        tp->h = NULL;
+        tp->collected = 1;
     }
     return 0;
 }
@@ -72,6 +83,7 @@ static rb_http *get_transport(lua_State *L)
     }
     lua_setmetatable(L, -2);
     transport *tp = calloc(1, sizeof *tp);
+    if (tp) tp->m = m;
     if (!tp || !(tp->h = rb_http_new(rb_module_loop(m)))) {
         free(tp);
         luaL_error(L, "relaybus: http: cannot create the transport (out of memory)");
@@ -236,15 +248,13 @@ static void on_done(void *ud, const char *err, const rb_http_response *resp)
     rb_await_resolve(w, T ? push_result(T, err, resp) : 0);
 }
 
-/* The waiter was aborted: cut the transfer now (its callback will not come) and let the
- * await go, since no completion will ever resolve it. */
+/* The waiter was aborted: cut the transfer now. Its callback will not come, and the await
+ * frees itself after this hook (task.c), so nothing is resolved here. */
 static void on_cancel(void *ud)
 {
     call *c = ud;
-    rb_await *w = c->w;
     rb_http_cancel(c->t);
     free(c);
-    rb_await_resolve(w, 0);
 }
 
 /* ---- Lua functions ---- */
