@@ -251,6 +251,7 @@ static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
  *   /slow/MS         200 after MS ms          /echo           the request as JSON
  *   /count           counts POSTs per X-Relaybus-Id; GET /counts returns {id: n}
  *   /last            the latest /echo answer  /repeat         a header sent twice
+ *   /redirect/N      302 to /status/N
  *   /stats           {hangs_open, hangs_total, connections}: cuts and connection reuse */
 static void dispatch(struct ev_loop *loop, conn *c, const request *r)
 {
@@ -283,6 +284,9 @@ static void dispatch(struct ev_loop *loop, conn *c, const request *r)
         buf_addf(&b, "{\"hangs_open\":%ld,\"hangs_total\":%ld,\"connections\":%ld}",
                  hangs_open, hangs_total, connections);
         respond_buf(c, 200, &b);
+    } else if (sscanf(r->path, "/redirect/%ld", &n) == 1) {
+        snprintf(hdr, sizeof hdr, "Location: /status/%ld\r\n", n);
+        respond(c, 302, hdr, "moved", 5);
     } else if (strcmp(r->path, "/last") == 0) {
         respond(c, 200, "Content-Type: application/json\r\n", last_echo.len ? last_echo.p : "{}",
                 last_echo.len ? last_echo.len : 2);
