@@ -1,0 +1,925 @@
+-- conformance_spec.lua -- the contract every store keeps, written once and run per store
+-- (spec/support/stores.lua has the matrix): records, delays, dedupe keys, enqueue_many, every
+-- row of the outcome table through a real dispatcher, explicit settles, fencing, the fence
+-- field, kick, purge, stats, transactions and transactional handlers.
+local S = require "spec.support.stores"
+local H = require "spec.support.harness"
+local relaybus = S.relaybus()
+
+local function total(store) return (H.total(store)) end
+
+-- Runs a handler on `topic` until the handler (or an abort hook) calls stop(); returns what
+-- H.run returns. `hopts` go to d:handle, `dopts` to the dispatcher.
+local function drive(store, topic, handler, dopts, hopts, limit)
+  local d = H.dispatcher(store, dopts)
+  local stop = H.stopper(d)
+  d:handle(topic, function(delivery, ctx) return handler(delivery, ctx, stop) end, hopts)
+  local ok = H.run(d, limit or 10)
+  return ok, stop
+end
+
+for _, entry in ipairs(S.list()) do
+  describe("conformance on " .. entry.name .. ":", function()
+    local store, url, opts, tbl
+    local sql = entry.name ~= "mongodb"
+    local function ph(i) return entry.name == "postgresql" and ("$" .. i) or "?" end
+
+    before_each(function()
+      store, url, opts, tbl = S.open(entry)
+    end)
+    after_each(function()
+      if store then store:close() end
+      store = nil
+    end)
+    teardown(function() S.cleanup() end)
+
+    describe("records", function()
+      it("enqueue returns a string id and get returns every field of the new delivery", function()
+        local t0 = relaybus.time()
+        local id = assert(store:enqueue("rec.topic", { a = 1 }, { key = "k-1", max_attempts = 7 }))
+        local t1 = relaybus.time()
+        assert.is_string(id)
+        assert.is_true(#id > 0)
+        local r = assert(store:get(id))
+        assert.equal(id, r.id)
+        assert.equal("rec.topic", r.topic)
+        assert.same({ a = 1 }, r.payload)
+        assert.equal("k-1", r.key)
+        assert.equal("pending", r.status)
+        assert.equal(0, r.attempts)
+        assert.equal("integer", math.type(r.attempts))
+        assert.equal(7, r.max_attempts)
+        assert.equal("integer", math.type(r.fence))
+        assert.is_true(r.fence >= 0)
+        H.near((t0 + t1) / 2, r.run_at, 2, "run_at")
+        H.near((t0 + t1) / 2, r.created_at, 2, "created_at")
+        assert.is_nil(r.last_error)
+        assert.is_true(r.lease_expires_at == nil or type(r.lease_expires_at) == "number")
+      end)
+
+      it("gives max_attempts 25 and no key unless told", function()
+        local id = assert(store:enqueue("rec.default", "x"))
+        local r = assert(store:get(id))
+        assert.equal(25, r.max_attempts)
+        assert.is_nil(r.key)
+      end)
+
+      it("round-trips payloads: objects, arrays, strings, numbers, booleans, nesting", function()
+        local payloads = {
+          { a = 1, b = "two", c = { d = { 1, 2, 3 } } },
+          { 1, 2, 3 },
+          { "x", { y = true }, 2.5 },
+          "hello",
+          "unicode: \u{e9}\u{2713} and \"quotes\" and \\ and \t",
+          42,
+          -7,
+          3.25,
+          1e15,
+          true,
+          false,
+          { nested = { deep = { deeper = { "bottom" } } } },
+        }
+        for i, p in ipairs(payloads) do
+          local id = assert(store:enqueue("rec.payload", p))
+          local r = assert(store:get(id))
+          assert.same(p, r.payload, "payload #" .. i)
+        end
+      end)
+
+      it("ids are unique", function()
+        local seen = {}
+        for i = 1, 20 do
+          local id = assert(store:enqueue("rec.unique", i))
+          assert.is_nil(seen[id])
+          seen[id] = true
+        end
+      end)
+
+      it("get returns nil for an id that does not exist", function()
+        assert(store:enqueue("rec.none", 1))
+        assert.is_nil((store:get("999999999")))
+        assert.is_nil((store:get("no-such-id")))
+      end)
+
+      it("list filters by status and topic, returns the oldest first and honours limit", function()
+        local a = {}
+        for i = 1, 4 do
+          a[i] = assert(store:enqueue("list.a", i, { run_at = relaybus.time() - 100 + i }))
+          assert(store:enqueue("list.b", i))
+        end
+        local later = assert(store:enqueue("list.a", 99, { delay = 1000 }))
+        local rs = assert(store:list { topic = "list.a" })
+        assert.equal(5, #rs)
+        for i = 1, 4 do assert.equal(a[i], rs[i].id) end
+        assert.equal(later, rs[5].id)
+        local two = assert(store:list { topic = "list.a", limit = 2 })
+        assert.equal(2, #two)
+        assert.equal(a[1], two[1].id)
+        assert.equal(a[2], two[2].id)
+        local pend = assert(store:list { status = "pending" })
+        assert.equal(9, #pend)
+        assert.equal(0, #assert(store:list { status = "completed" }))
+        for _, r in ipairs(pend) do assert.equal("pending", r.status) end
+      end)
+    end)
+
+    describe("delay and run_at", function()
+      it("delay puts run_at that far in the future and the delivery is not due", function()
+        local t0 = relaybus.time()
+        local id = assert(store:enqueue("delay.a", 1, { delay = 100 }))
+        H.near(t0 + 100, assert(store:get(id)).run_at, 2, "run_at")
+        local st = assert(store:stats())
+        assert.equal(1, st.pending)
+        assert.equal(0, st.due)
+      end)
+
+      it("run_at sets the time to run", function()
+        local at = relaybus.time() + 50.5
+        local id = assert(store:enqueue("delay.b", 1, { run_at = at }))
+        H.near(at, assert(store:get(id)).run_at, 0.01, "run_at")
+      end)
+
+      it("a delayed delivery is not run before its time, and is run after it", function()
+        local t0 = relaybus.time()
+        local id = assert(store:enqueue("delay.c", 1, { delay = 0.5 }))
+        local started
+        local ok = drive(store, "delay.c", function(delivery, ctx, stop)
+          started = relaybus.time()
+          stop()
+        end)
+        assert.is_true(ok)
+        assert.is_number(started)
+        assert.is_true(started >= t0 + 0.45, "ran " .. (started - t0) .. " s after enqueue")
+        assert.equal("completed", assert(store:get(id)).status)
+      end)
+    end)
+
+    describe("dedupe keys", function()
+      it("return the same id and add nothing while the delivery is pending", function()
+        local a = assert(store:enqueue("dd.a", 1, { key = "k" }))
+        local b = assert(store:enqueue("dd.a", 2, { key = "k" }))
+        assert.equal(a, b)
+        assert.equal(1, total(store))
+        assert.same(1, assert(store:get(a)).payload)
+      end)
+
+      it("are per topic, and deliveries without a key are never merged", function()
+        local a = assert(store:enqueue("dd.b", 1, { key = "k" }))
+        local b = assert(store:enqueue("dd.c", 1, { key = "k" }))
+        local c = assert(store:enqueue("dd.b", 1))
+        local d = assert(store:enqueue("dd.b", 1))
+        assert.are_not.equal(a, b)
+        assert.are_not.equal(c, d)
+        assert.equal(4, total(store))
+      end)
+
+      it("return the same id while processing, and a new delivery after completion", function()
+        local a = assert(store:enqueue("dd.d", 1, { key = "k" }))
+        local during
+        assert.is_true(drive(store, "dd.d", function(delivery, ctx, stop)
+          during = store:enqueue("dd.d", 2, { key = "k" })
+          stop()
+        end))
+        assert.equal(a, during)
+        assert.equal("completed", assert(store:get(a)).status)
+        local c = assert(store:enqueue("dd.d", 3, { key = "k" }))
+        assert.are_not.equal(a, c)
+        assert.equal("pending", assert(store:get(c)).status)
+        assert.equal(2, total(store))
+      end)
+
+      it("enqueue_many dedupes against existing deliveries too", function()
+        local a = assert(store:enqueue("dd.e", 1, { key = "k" }))
+        local ids = assert(store:enqueue_many { { "dd.e", 2, { key = "k" } }, { "dd.e", 3 } })
+        assert.equal(a, ids[1])
+        assert.equal(2, total(store))
+      end)
+    end)
+
+    describe("enqueue_many", function()
+      it("returns one id per item in order and writes every item with its options", function()
+        local t0 = relaybus.time()
+        local ids = assert(store:enqueue_many {
+          { "many.a", { i = 1 } },
+          { "many.a", { i = 2 }, { delay = 100 } },
+          { "many.b", "x", { max_attempts = 3, key = "mk" } },
+        })
+        assert.equal(3, #ids)
+        assert.are_not.equal(ids[1], ids[2])
+        assert.are_not.equal(ids[2], ids[3])
+        local r1, r2, r3 = store:get(ids[1]), store:get(ids[2]), store:get(ids[3])
+        assert.same({ i = 1 }, r1.payload)
+        assert.equal("many.a", r1.topic)
+        H.near(t0 + 100, r2.run_at, 2, "run_at")
+        assert.equal("many.b", r3.topic)
+        assert.equal(3, r3.max_attempts)
+        assert.equal("mk", r3.key)
+        assert.equal(3, total(store))
+      end)
+
+      it("writes nothing when one item is invalid", function()
+        local bad_items = {
+          function() end,         -- a payload JSON cannot hold
+          0 / 0,                  -- NaN
+        }
+        for i, bad in ipairs(bad_items) do
+          local ok, ids = pcall(store.enqueue_many, store,
+            { { "many.c", 1 }, { "many.c", 2 }, { "many.c", bad }, { "many.c", 4 } })
+          assert.is_true(not ok or ids == nil, "bad item #" .. i .. " was accepted")
+          assert.equal(0, total(store), "bad item #" .. i .. " left deliveries behind")
+        end
+        local ok, ids = pcall(store.enqueue_many, store,
+          { { "many.c", 1 }, { "many.c", 2, { max_attempts = 0 } } })
+        assert.is_true(not ok or ids == nil, "max_attempts = 0 was accepted")
+        assert.equal(0, total(store))
+      end)
+    end)
+
+    describe("outcomes", function()
+      it("a handler that returns completes the delivery, and sees the record", function()
+        local id = assert(store:enqueue("out.ok", { n = 5 }, { max_attempts = 4 }))
+        local seen
+        assert.is_true(drive(store, "out.ok", function(delivery, ctx, stop)
+          seen = delivery
+          stop()
+          return "ignored value"
+        end))
+        assert.equal(id, seen.id)
+        assert.equal("out.ok", seen.topic)
+        assert.same({ n = 5 }, seen.payload)
+        assert.equal(1, seen.attempts)
+        assert.equal(4, seen.max_attempts)
+        assert.equal("processing", seen.status)
+        local r = assert(store:get(id))
+        assert.equal("completed", r.status)
+        assert.equal(1, r.attempts)
+        assert.is_nil(r.last_error)
+      end)
+
+      it("a raise with attempts < max_attempts makes it pending again after the backoff, with last_error", function()
+        local id = assert(store:enqueue("out.raise", 1, { max_attempts = 3 }))
+        local backoff_arg
+        local t0
+        assert.is_true(drive(store, "out.raise", function(delivery, ctx, stop)
+          t0 = relaybus.time()
+          stop()
+          error("boom went the handler")
+        end, { backoff = function(a) backoff_arg = a; return 100 * a end }))
+        local r = assert(store:get(id))
+        assert.equal("pending", r.status)
+        assert.equal(1, r.attempts)
+        assert.equal(1, backoff_arg)
+        H.near(t0 + 100, r.run_at, 3, "run_at")
+        assert.is_string(r.last_error)
+        assert.truthy(r.last_error:find("boom went the handler", 1, true))
+        assert.equal(0, assert(store:stats()).due)
+      end)
+
+      it("retries after each raise and buries at max_attempts, counting every attempt", function()
+        local id = assert(store:enqueue("out.retry", 1, { max_attempts = 3 }))
+        local runs = 0
+        assert.is_true(drive(store, "out.retry", function(delivery, ctx, stop)
+          runs = runs + 1
+          assert.equal(runs, delivery.attempts)
+          if runs == 3 then stop() end
+          error("failure " .. runs)
+        end))
+        assert.equal(3, runs)
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal(3, r.attempts)
+        assert.truthy(r.last_error:find("failure 3", 1, true))
+      end)
+
+      it("a raise at max_attempts buries the delivery with last_error", function()
+        local id = assert(store:enqueue("out.bury", 1, { max_attempts = 1 }))
+        assert.is_true(drive(store, "out.bury", function(delivery, ctx, stop)
+          stop()
+          error("fatal")
+        end, { backoff = function() return 100 end }))
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal(1, r.attempts)
+        assert.truthy(r.last_error:find("fatal", 1, true))
+      end)
+
+      it("a timeout counts as a raise with last_error \"timeout\"", function()
+        local id = assert(store:enqueue("out.timeout", 1, { max_attempts = 2 }))
+        local slept, why, reason, t0
+        assert.is_true(drive(store, "out.timeout", function(delivery, ctx, stop)
+          t0 = relaybus.time()
+          stop()
+          slept, why = ctx:sleep(5)
+          reason = ctx.signal.reason
+        end, { backoff = function() return 100 end }, { timeout = 0.3 }))
+        assert.is_nil(slept)
+        assert.equal("aborted", why)
+        assert.equal("timeout", reason)
+        local r = assert(store:get(id))
+        assert.equal("pending", r.status)
+        assert.equal(1, r.attempts)
+        assert.equal("timeout", r.last_error)
+        H.near(t0 + 100, r.run_at, 3, "run_at")
+      end)
+
+      it("a timeout at max_attempts buries with last_error \"timeout\"", function()
+        local id = assert(store:enqueue("out.timeout2", 1, { max_attempts = 1 }))
+        assert.is_true(drive(store, "out.timeout2", function(delivery, ctx, stop)
+          stop()
+          ctx:sleep(5)
+          return "returned after the abort"
+        end, nil, { timeout = 0.2 }))
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal("timeout", r.last_error)
+      end)
+
+      it("a run aborted by its lease writes nothing, and the delivery runs again after the lease", function()
+        local id = assert(store:enqueue("out.lease", 1, { max_attempts = 5 }))
+        local first, slept, why, reason, complete_res, fence1
+        -- os.execute blocks the loop, as a stalled process would: no renewal can happen.
+        assert.is_true(drive(store, "out.lease", function(delivery, ctx, stop)
+          fence1 = delivery.fence
+          ctx.signal:on_abort(function() stop() end)
+          os.execute("sleep 1.2")
+          slept, why = ctx:sleep(0.05)
+          reason = ctx.signal.reason
+          complete_res = ctx:complete()
+          first = true
+          return "this return must be ignored"
+        end, { lease_duration = 0.6 }))
+        assert.is_true(first)
+        assert.is_nil(slept)
+        assert.equal("aborted", why)
+        assert.equal("lease", reason)
+        assert.is_nil(complete_res)
+        local r = assert(store:get(id))
+        assert.equal("processing", r.status, "the aborted run wrote to the delivery")
+        assert.equal(1, r.attempts)
+        assert.equal(fence1, r.fence)
+        assert.is_nil(r.last_error)
+        -- its lease has expired in the store: another dispatcher takes it over
+        local second
+        assert.is_true(drive(store, "out.lease", function(delivery, ctx, stop)
+          second = delivery
+          stop()
+        end))
+        assert.equal(2, second.attempts)
+        assert.is_true(second.fence > fence1)
+        assert.equal("completed", assert(store:get(id)).status)
+      end)
+
+      it("a run aborted by shutdown is released: pending, the attempt not counted", function()
+        local id = assert(store:enqueue("out.shutdown", 1, { max_attempts = 5 }))
+        local slept, why, reason
+        assert.is_true(drive(store, "out.shutdown", function(delivery, ctx, stop)
+          stop(0.5)
+          slept, why = ctx:sleep(10)
+          reason = ctx.signal.reason
+        end, { backoff = function() return 100 end }))
+        assert.is_nil(slept)
+        assert.equal("aborted", why)
+        assert.equal("shutdown", reason)
+        local r = assert(store:get(id))
+        assert.equal("pending", r.status)
+        assert.equal(0, r.attempts)
+        assert.is_nil(r.last_error)
+        assert.equal(1, assert(store:stats()).due)
+      end)
+    end)
+
+    describe("explicit settles", function()
+      it("ctx:complete() completes, and a later raise of the handler is ignored", function()
+        local id = assert(store:enqueue("ex.complete", 1, { max_attempts = 5 }))
+        local res
+        assert.is_true(drive(store, "ex.complete", function(delivery, ctx, stop)
+          stop()
+          res = ctx:complete()
+          error("raised after complete")
+        end))
+        assert.is_true(res)
+        local r = assert(store:get(id))
+        assert.equal("completed", r.status)
+        assert.is_nil(r.last_error)
+      end)
+
+      it("ctx:reschedule(delay, reason) makes it pending at now + delay, attempt counted; the return is ignored", function()
+        local id = assert(store:enqueue("ex.resched", 1, { max_attempts = 5 }))
+        local res, t0
+        assert.is_true(drive(store, "ex.resched", function(delivery, ctx, stop)
+          stop()
+          t0 = relaybus.time()
+          res = ctx:reschedule(100, "try later")
+          return true
+        end))
+        assert.is_true(res)
+        local r = assert(store:get(id))
+        assert.equal("pending", r.status)
+        assert.equal(1, r.attempts)
+        assert.equal("try later", r.last_error)
+        H.near(t0 + 100, r.run_at, 3, "run_at")
+      end)
+
+      it("ctx:bury(reason) buries with last_error; the return is ignored", function()
+        local id = assert(store:enqueue("ex.bury", 1, { max_attempts = 5 }))
+        local res
+        assert.is_true(drive(store, "ex.bury", function(delivery, ctx, stop)
+          stop()
+          res = ctx:bury("poison message")
+          return true
+        end))
+        assert.is_true(res)
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal("poison message", r.last_error)
+        assert.equal(1, r.attempts)
+      end)
+
+      it("ctx:release() makes it pending at once without counting the attempt", function()
+        local id = assert(store:enqueue("ex.release", 1, { max_attempts = 5 }))
+        local runs, attempts_seen, res = 0, {}, nil
+        assert.is_true(drive(store, "ex.release", function(delivery, ctx, stop)
+          runs = runs + 1
+          attempts_seen[runs] = delivery.attempts
+          if runs == 1 then
+            res = ctx:release()
+            return
+          end
+          stop()
+        end))
+        assert.is_true(res)
+        assert.equal(2, runs)
+        assert.same({ 1, 1 }, attempts_seen)
+        local r = assert(store:get(id))
+        assert.equal("completed", r.status)
+        assert.equal(1, r.attempts)
+      end)
+
+      it("ctx:release(delay) makes it pending at now + delay with attempts unchanged", function()
+        local id = assert(store:enqueue("ex.release2", 1))
+        local res, t0
+        assert.is_true(drive(store, "ex.release2", function(delivery, ctx, stop)
+          stop()
+          t0 = relaybus.time()
+          res = ctx:release(100)
+          error("a raise after release is ignored")
+        end))
+        assert.is_true(res)
+        local r = assert(store:get(id))
+        assert.equal("pending", r.status)
+        assert.equal(0, r.attempts)
+        assert.is_nil(r.last_error)
+        H.near(t0 + 100, r.run_at, 3, "run_at")
+      end)
+
+      it("ctx:extend_lease(s) renews the lease in the store", function()
+        local id = assert(store:enqueue("ex.extend", 1))
+        local res, rec, t0, before
+        assert.is_true(drive(store, "ex.extend", function(delivery, ctx, stop)
+          stop()
+          before = store:get(id)
+          t0 = relaybus.time()
+          res = ctx:extend_lease(60)
+          rec = store:get(id)
+        end, { lease_duration = 3 }))
+        assert.is_true(res)
+        assert.equal("processing", before.status)
+        H.near(t0 + 3, before.lease_expires_at, 1.5, "lease_expires_at before")
+        assert.equal("processing", rec.status)
+        H.near(t0 + 60, rec.lease_expires_at, 2, "lease_expires_at after")
+        assert.equal("completed", assert(store:get(id)).status)
+      end)
+
+      it("a settle call after one succeeded returns nil and changes nothing", function()
+        local id = assert(store:enqueue("ex.twice", 1, { max_attempts = 5 }))
+        local a, b, c, d
+        assert.is_true(drive(store, "ex.twice", function(delivery, ctx, stop)
+          stop()
+          a = ctx:bury("first")
+          b = ctx:complete()
+          c = ctx:release()
+          d = ctx:extend_lease()
+        end))
+        assert.is_true(a)
+        assert.is_nil(b)
+        assert.is_nil(c)
+        assert.is_nil(d)
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal("first", r.last_error)
+      end)
+    end)
+
+    describe("fencing", function()
+      it("a stale run's settle calls change nothing once another run holds the delivery", function()
+        local id = assert(store:enqueue("fence.stale", 1, { max_attempts = 5 }))
+        local ctx1, fence1
+        assert.is_true(drive(store, "fence.stale", function(delivery, ctx, stop)
+          ctx1, fence1 = ctx, delivery.fence
+          ctx.signal:on_abort(function() stop() end)
+          os.execute("sleep 1.2") -- the process stalls past its 0.6 s lease
+          ctx:sleep(0.05)
+        end, { lease_duration = 0.6 }))
+        assert.is_true(ctx1.signal.aborted)
+        assert.equal("lease", ctx1.signal.reason)
+        local results, during, fence2 = {}, nil, nil
+        assert.is_true(drive(store, "fence.stale", function(delivery, ctx, stop)
+          stop()
+          fence2 = delivery.fence
+          results.complete = ctx1:complete()
+          results.bury = ctx1:bury("stale bury")
+          results.reschedule = ctx1:reschedule(100, "stale reschedule")
+          results.release = ctx1:release()
+          results.extend = ctx1:extend_lease(100)
+          during = store:get(id)
+        end))
+        assert.same({}, results)
+        assert.is_true(fence2 > fence1)
+        assert.equal("processing", during.status)
+        assert.equal(fence2, during.fence)
+        assert.equal(2, during.attempts)
+        assert.is_nil(during.last_error)
+        local r = assert(store:get(id))
+        assert.equal("completed", r.status)
+        assert.is_nil(r.last_error)
+      end)
+
+      it("the fence grows with every claim and never goes back, across release and kick", function()
+        local id = assert(store:enqueue("fence.grow", 1, { max_attempts = 1 }))
+        local f0 = assert(store:get(id)).fence
+        local fences = {}
+        assert.is_true(drive(store, "fence.grow", function(delivery, ctx, stop)
+          fences[#fences + 1] = delivery.fence
+          if #fences == 1 then
+            assert(ctx:release())     -- pending again, attempts back to 0
+            return
+          end
+          stop()
+          error("bury me")            -- attempts 1 = max_attempts: buried
+        end))
+        assert.equal(2, #fences)
+        assert.is_true(fences[1] > f0)
+        assert.is_true(fences[2] > fences[1])
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal(fences[2], r.fence)
+        assert.equal(1, store:kick(id))
+        local k = assert(store:get(id))
+        assert.equal("pending", k.status)
+        assert.is_true(k.fence >= fences[2], "kick moved the fence back")
+        assert.is_true(drive(store, "fence.grow", function(delivery, ctx, stop)
+          fences[#fences + 1] = delivery.fence
+          stop()
+        end))
+        assert.equal(3, #fences)
+        assert.is_true(fences[3] > fences[2])
+        local c = assert(store:get(id))
+        assert.equal("completed", c.status)
+        assert.equal(fences[3], c.fence)
+      end)
+    end)
+
+    describe("kick, purge and stats", function()
+      -- three buried, two completed, one pending of an unhandled topic
+      local function settle_some()
+        local ids = assert(store:enqueue_many {
+          { "ks.bad", 1, { max_attempts = 1 } },
+          { "ks.bad", 2, { max_attempts = 1 } },
+          { "ks.bad", 3, { max_attempts = 1 } },
+          { "ks.good", 4 },
+          { "ks.good", 5 },
+          { "ks.idle", 6 },
+        })
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        local n = 0
+        local function count() n = n + 1; if n == 5 then stop() end end
+        d:handle("ks.bad", function() count(); error("bad one") end)
+        d:handle("ks.good", function() count() end)
+        assert.is_true(H.run(d, 10))
+        return ids
+      end
+
+      it("kick(id) puts one buried delivery back to pending with attempts reset", function()
+        local ids = settle_some()
+        assert.equal("buried", assert(store:get(ids[1])).status)
+        assert.equal(1, store:kick(ids[1]))
+        local r = assert(store:get(ids[1]))
+        assert.equal("pending", r.status)
+        assert.equal(0, r.attempts)
+        assert.equal("buried", assert(store:get(ids[2])).status)
+        assert.equal(0, store:kick(ids[4]), "kick changed a completed delivery")
+        assert.equal("completed", assert(store:get(ids[4])).status)
+        assert.equal(0, store:kick(ids[6]), "kick changed a pending delivery")
+      end)
+
+      it("kick{status = \"buried\"} requeues every buried delivery and returns the count", function()
+        local ids = settle_some()
+        assert.equal(3, store:kick { status = "buried" })
+        for i = 1, 3 do
+          local r = assert(store:get(ids[i]))
+          assert.equal("pending", r.status)
+          assert.equal(0, r.attempts)
+        end
+        assert.equal("completed", assert(store:get(ids[4])).status)
+        assert.equal(0, store:kick { status = "buried" })
+        local st = assert(store:stats())
+        assert.equal(4, st.pending)
+        assert.equal(0, st.buried)
+      end)
+
+      it("purge deletes settled deliveries of the status older than older_than", function()
+        local ids = settle_some()
+        assert.equal(0, store:purge { status = "completed", older_than = 3600 })
+        assert.equal(6, total(store))
+        assert.equal(2, store:purge { status = "completed", older_than = 0 })
+        assert.is_nil((store:get(ids[4])))
+        assert.is_nil((store:get(ids[5])))
+        assert.equal("buried", assert(store:get(ids[1])).status)
+        assert.equal("pending", assert(store:get(ids[6])).status)
+        assert.equal(3, store:purge { status = "buried", older_than = 0 })
+        assert.is_nil((store:get(ids[1])))
+        assert.equal(1, total(store))
+      end)
+
+      it("stats counts each status, the due ones and the age of the oldest due", function()
+        settle_some()
+        assert(store:enqueue("ks.idle", 7, { run_at = relaybus.time() - 50 }))
+        assert(store:enqueue("ks.idle", 8, { delay = 1000 }))
+        local st = assert(store:stats())
+        assert.equal(3, st.pending)
+        assert.equal(0, st.processing)
+        assert.equal(2, st.completed)
+        assert.equal(3, st.buried)
+        assert.equal(2, st.due)
+        H.near(50, st.oldest_due_age, 3, "oldest_due_age")
+      end)
+
+      it("stats counts a running delivery as processing, and nothing due when nothing is", function()
+        local empty = assert(store:stats())
+        assert.equal(0, empty.due)
+        assert.equal(0, empty.oldest_due_age)
+        assert(store:enqueue("ks.run", 1))
+        local during
+        assert.is_true(drive(store, "ks.run", function(delivery, ctx, stop)
+          stop()
+          during = store:stats()
+        end))
+        assert.equal(1, during.processing)
+        assert.equal(0, during.pending)
+        assert.equal(0, during.due)
+        assert.equal(1, assert(store:stats()).completed)
+      end)
+    end)
+
+    describe("transactions", function()
+      local function needs_rs()
+        return entry.name == "mongodb" and not H.mongo_replica_set(store)
+      end
+
+      if sql then
+        local app
+        before_each(function()
+          app = tbl .. "_app"
+          assert(store:transaction(function(tx)
+            tx:exec("CREATE TABLE " .. app .. " (n INTEGER, note TEXT)")
+          end))
+        end)
+        local function app_rows()
+          local ok, rows = store:transaction(function(tx)
+            return tx:query("SELECT n, note FROM " .. app .. " ORDER BY n")
+          end)
+          assert.is_true(ok, rows)
+          return rows
+        end
+
+        it("commits tx:enqueue together with tx:exec and returns true and fn's results", function()
+          local ok, id, n = store:transaction(function(tx)
+            local id = assert(tx:enqueue("tx.a", { order = 1 }, { key = "o1" }))
+            local n = tx:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", " .. ph(2) .. ")", 1, "hello")
+            return id, n
+          end)
+          assert.is_true(ok)
+          assert.is_string(id)
+          assert.equal(1, n)
+          local r = assert(store:get(id))
+          assert.equal("pending", r.status)
+          assert.same({ order = 1 }, r.payload)
+          assert.same({ { n = 1, note = "hello" } }, app_rows())
+        end)
+
+        it("rolls back both when fn raises and returns nil, err", function()
+          local ok, err = store:transaction(function(tx)
+            assert(tx:enqueue("tx.b", 1))
+            tx:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", " .. ph(2) .. ")", 2, "no")
+            error("changed my mind")
+          end)
+          assert.is_nil(ok)
+          assert.truthy(tostring(err):find("changed my mind", 1, true))
+          assert.equal(0, total(store))
+          assert.same({}, app_rows())
+        end)
+
+        it("tx:query returns rows keyed by column with typed values", function()
+          local q = "SELECT 7 AS i, 2.5 AS f, 'text' AS s, NULL AS z"
+          local ok, rows = store:transaction(function(tx) return tx:query(q) end)
+          assert.is_true(ok)
+          assert.equal(1, #rows)
+          assert.equal(7, rows[1].i)
+          assert.equal("integer", math.type(rows[1].i))
+          assert.equal(2.5, rows[1].f)
+          assert.equal("text", rows[1].s)
+          assert.is_nil(rows[1].z)
+          if entry.name == "postgresql" then
+            local ok2, b = store:transaction(function(tx) return tx:query("SELECT true AS t, false AS f") end)
+            assert.is_true(ok2)
+            assert.is_true(b[1].t)
+            assert.is_false(b[1].f)
+          end
+        end)
+
+        it("tx:exec returns the affected row count", function()
+          local ok, n = store:transaction(function(tx)
+            for i = 1, 3 do tx:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", 'x')", i) end
+            return tx:exec("UPDATE " .. app .. " SET note = 'y' WHERE n >= " .. ph(1), 2)
+          end)
+          assert.is_true(ok)
+          assert.equal(2, n)
+        end)
+
+        it("a transactional handler's writes and the completion commit together", function()
+          local id = assert(store:enqueue("txh.ok", { n = 11 }))
+          local had_tx
+          assert.is_true(drive(store, "txh.ok", function(delivery, ctx, stop)
+            stop()
+            had_tx = ctx.transaction ~= nil
+            ctx.transaction:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", " .. ph(2) .. ")",
+              delivery.payload.n, "done")
+          end, nil, { transactional = true }))
+          assert.is_true(had_tx)
+          assert.equal("completed", assert(store:get(id)).status)
+          assert.same({ { n = 11, note = "done" } }, app_rows())
+        end)
+
+        it("a raise rolls back the transactional handler's writes", function()
+          local id = assert(store:enqueue("txh.raise", { n = 12 }, { max_attempts = 1 }))
+          assert.is_true(drive(store, "txh.raise", function(delivery, ctx, stop)
+            stop()
+            ctx.transaction:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", 'x')", delivery.payload.n)
+            error("undo it")
+          end, nil, { transactional = true }))
+          local r = assert(store:get(id))
+          assert.equal("buried", r.status)
+          assert.truthy(r.last_error:find("undo it", 1, true))
+          assert.same({}, app_rows())
+        end)
+
+        it("retries of a transactional handler leave exactly the successful run's writes", function()
+          local id = assert(store:enqueue("txh.retry", { n = 13 }, { max_attempts = 5 }))
+          local runs = 0
+          assert.is_true(drive(store, "txh.retry", function(delivery, ctx, stop)
+            runs = runs + 1
+            ctx.transaction:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", 'x')", delivery.payload.n)
+            if runs < 3 then error("not yet") end
+            stop()
+          end, nil, { transactional = true }))
+          assert.equal(3, runs)
+          assert.equal("completed", assert(store:get(id)).status)
+          assert.equal(1, #app_rows())
+        end)
+
+        it("a transactional handler that lost its lease commits nothing", function()
+          local id = assert(store:enqueue("txh.lease", { n = 14 }, { max_attempts = 5 }))
+          local runs = 0
+          assert.is_true(drive(store, "txh.lease", function(delivery, ctx, stop)
+            runs = runs + 1
+            ctx.transaction:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", " .. ph(2) .. ")",
+              delivery.payload.n, "run " .. runs)
+            if runs == 1 then
+              os.execute("sleep 1.2") -- stalls past the 0.6 s lease
+              ctx:sleep(0.05)
+              return
+            end
+            stop()
+          end, { lease_duration = 0.6 }, { transactional = true }))
+          assert.equal(2, runs)
+          assert.equal("completed", assert(store:get(id)).status)
+          assert.same({ { n = 14, note = "run 2" } }, app_rows())
+        end)
+      else
+        -- MongoDB: tx:collection; transactions need a replica set
+        local coll
+        before_each(function() coll = tbl .. "_app" end)
+
+        it("commits tx:enqueue together with tx:collection writes (replica set), or fails with a clear error (standalone)", function()
+          local ok, id = store:transaction(function(tx)
+            local id = assert(tx:enqueue("tx.a", { order = 1 }))
+            assert(tx:collection(coll):insert_one { n = 1, note = "hello" })
+            return id
+          end)
+          if needs_rs() then
+            assert.is_nil(ok)
+            H.one_line(id)
+            assert.truthy(id:lower():find("replica set", 1, true), id)
+            assert.equal(0, total(store))
+            return
+          end
+          assert.is_true(ok)
+          assert.equal("pending", assert(store:get(id)).status)
+          local ok2, doc = store:transaction(function(tx) return tx:collection(coll):find_one { n = 1 } end)
+          assert.is_true(ok2)
+          assert.equal("hello", doc.note)
+        end)
+
+        it("rolls back tx:enqueue and tx:collection writes when fn raises", function()
+          local ok, err = store:transaction(function(tx)
+            assert(tx:enqueue("tx.b", 1))
+            assert(tx:collection(coll):insert_one { n = 2 })
+            error("changed my mind")
+          end)
+          assert.is_nil(ok)
+          H.one_line(err)
+          assert.equal(0, total(store))
+          if needs_rs() then
+            assert.truthy(err:lower():find("replica set", 1, true), err)
+            return
+          end
+          assert.truthy(err:find("changed my mind", 1, true))
+          local ok2, doc = store:transaction(function(tx) return tx:collection(coll):find_one { n = 2 } end)
+          assert.is_true(ok2)
+          assert.is_nil(doc)
+        end)
+
+        it("tx:collection supports insert_one, update_one, delete_one and find_one", function()
+          local ok, a, b = store:transaction(function(tx)
+            local c = tx:collection(coll)
+            assert(c:insert_one { n = 3, note = "a" })
+            assert(c:insert_one { n = 4, note = "b" })
+            assert(c:update_one({ n = 3 }, { ["$set"] = { note = "changed" } }))
+            assert(c:delete_one { n = 4 })
+            return c:find_one { n = 3 }, c:find_one { n = 4 }
+          end)
+          if needs_rs() then
+            assert.is_nil(ok)
+            assert.truthy(tostring(a):lower():find("replica set", 1, true), tostring(a))
+            return
+          end
+          assert.is_true(ok)
+          assert.equal("changed", a.note)
+          assert.is_nil(b)
+        end)
+
+        it("a transactional handler's writes and completion commit together, and a raise rolls both back", function()
+          local good = assert(store:enqueue("txh.ok", { n = 11 }))
+          local bad = assert(store:enqueue("txh.bad", { n = 12 }, { max_attempts = 1 }))
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          local runs = 0
+          local function count() runs = runs + 1; if runs == 2 then stop() end end
+          local hok, herr = pcall(function()
+            d:handle("txh.ok", function(delivery, ctx)
+              count()
+              assert(ctx.transaction:collection(coll):insert_one { n = delivery.payload.n })
+            end, { transactional = true })
+            d:handle("txh.bad", function(delivery, ctx)
+              count()
+              assert(ctx.transaction:collection(coll):insert_one { n = delivery.payload.n })
+              error("undo it")
+            end, { transactional = true })
+          end)
+          if needs_rs() and not hok then
+            -- refusing the handler at once is a clear error too
+            H.one_line(herr)
+            assert.truthy(herr:lower():find("replica set", 1, true), herr)
+            return
+          end
+          assert.is_true(hok, herr)
+          if needs_rs() then
+            -- the runs cannot start a transaction: the deliveries say why
+            relaybus.spawn(function()
+              H.poll(function()
+                local r = store:get(good)
+                return r and r.last_error
+              end, 5)
+              stop()
+            end)
+            assert.is_true(H.run(d, 10))
+            local r = assert(store:get(good))
+            assert.are_not.equal("completed", r.status)
+            assert.truthy(tostring(r.last_error):lower():find("replica set", 1, true), tostring(r.last_error))
+            return
+          end
+          assert.is_true(H.run(d, 10))
+          assert.equal("completed", assert(store:get(good)).status)
+          assert.equal("buried", assert(store:get(bad)).status)
+          local ok, a, b = store:transaction(function(tx)
+            return tx:collection(coll):find_one { n = 11 }, tx:collection(coll):find_one { n = 12 }
+          end)
+          assert.is_true(ok)
+          assert.is_table(a)
+          assert.is_nil(b)
+        end)
+      end
+    end)
+  end)
+end

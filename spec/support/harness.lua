@@ -1,0 +1,113 @@
+-- harness.lua -- running dispatchers inside a spec: fast defaults, a loop run that always ends
+-- (a guard stops every dispatcher of the test after a limit, so a broken build fails a test
+-- instead of hanging the suite), and a stopper a handler can call without waiting for itself.
+local S = require "spec.support.stores"
+local relaybus = S.relaybus()
+
+local H = {}
+
+-- Short leases and polls so the suite is fast; a backoff of 0 unless a spec says otherwise.
+H.defaults = {
+  lease_duration = 3,
+  shutdown_timeout = 2,
+  concurrency = 8,
+  poll_interval = 0.05,
+  backoff = function() return 0 end,
+}
+
+function H.dispatcher(store, opts)
+  local o = {}
+  for k, v in pairs(H.defaults) do o[k] = v end
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return relaybus.dispatcher(store, o)
+end
+
+-- Returns stop(timeout): the first call stops `d` from a new task (a handler must not wait for
+-- its own end); later calls do nothing. stop.elapsed is the stop's duration once it returned.
+function H.stopper(d, default_timeout)
+  local st = { called = false }
+  setmetatable(st, { __call = function(self, timeout)
+    if self.called then return end
+    self.called = true
+    relaybus.spawn(function()
+      local t0 = relaybus.now()
+      d:stop { timeout = timeout or default_timeout or 2 }
+      self.elapsed = relaybus.now() - t0
+    end)
+  end })
+  return st
+end
+
+-- Starts the dispatchers and runs the loop until they have all stopped, or until `limit` s
+-- passed (then the guard stops them and the result is false). Returns ok, elapsed.
+function H.run(ds, limit)
+  if ds.start then ds = { ds } end
+  for _, d in ipairs(ds) do d:start() end
+  local done, timed_out = false, false
+  local t0 = relaybus.now()
+  relaybus.spawn(function()
+    while not done and relaybus.now() - t0 < (limit or 10) do relaybus.sleep(0.05) end
+    if not done then
+      timed_out = true
+      for _, d in ipairs(ds) do d:stop { timeout = 1 } end
+    end
+  end)
+  relaybus.run()
+  done = true
+  return not timed_out, relaybus.now() - t0
+end
+
+-- Inside a relaybus coroutine: polls `cond` every 20 ms until true (returned) or `limit` s.
+function H.poll(cond, limit)
+  local t0 = relaybus.now()
+  while relaybus.now() - t0 < (limit or 5) do
+    local v = cond()
+    if v then return v end
+    relaybus.sleep(0.02)
+  end
+  return nil
+end
+
+-- In a spec: the counts of a store, summed.
+function H.total(store)
+  local st = assert(store:stats())
+  return st.pending + st.processing + st.completed + st.buried, st
+end
+
+-- Is `x` within `tol` of `want`? (numbers; a readable failure message)
+function H.near(want, x, tol, what)
+  assert(type(x) == "number", (what or "value") .. " is not a number: " .. tostring(x))
+  assert(math.abs(x - want) <= tol, string.format("%s: expected %.3f +- %.3f, got %.3f",
+    what or "value", want, tol, x))
+  return true
+end
+
+-- One line of text, not empty: how every error message must look.
+function H.one_line(err, what)
+  assert(type(err) == "string", (what or "error") .. " is not a string: " .. tostring(err))
+  assert(#err > 0, (what or "error") .. " is empty")
+  assert(not err:find("\n"), (what or "error") .. " has more than one line: " .. err)
+  return true
+end
+
+-- MongoDB transactions need a replica set: probes the server once (RELAYBUS_TEST_MONGO_RS=1/0
+-- overrides). An error that does not mention replica sets counts as "yes", so the full specs
+-- run and show it.
+local mongo_rs
+function H.mongo_replica_set(store)
+  if mongo_rs == nil then
+    local forced = os.getenv("RELAYBUS_TEST_MONGO_RS")
+    local url = os.getenv("RELAYBUS_TEST_MONGO") or ""
+    if forced == "1" or forced == "0" then
+      mongo_rs = forced == "1"
+    elseif url:find("replicaSet=", 1, true) then
+      mongo_rs = true
+    else
+      local ok, err = store:transaction(function() return 1 end)
+      mongo_rs = ok and true or not tostring(err):lower():find("replica", 1, true)
+    end
+  end
+  return mongo_rs
+end
+
+return H

@@ -1,0 +1,265 @@
+-- stores.lua -- the store matrix every spec runs against, and the helpers the specs share:
+-- loading the module from the build directory, the command's path, temporary files, and
+-- children of `relaybus run` (started through a small sh wrapper so a spec can signal them and
+-- read their exit code without luaposix).
+--
+-- The matrix: SQLite (a new temp file per url() call) always; PostgreSQL when RELAYBUS_TEST_PG
+-- is set and MongoDB when RELAYBUS_TEST_MONGO is set (a fresh table / collection name per call,
+-- passed as opts.table). With CI=true an unset variable gives an entry whose url() raises
+-- "server not available", so every spec of that store fails instead of being skipped.
+local M = {}
+
+local build = os.getenv("RELAYBUS_BUILD") or "build"
+local cwd = os.getenv("PWD") or "."
+if build:sub(1, 1) ~= "/" then build = cwd .. "/" .. build end
+M.build = build
+M.bin = build .. "/relaybus"
+M.support = cwd .. "/spec/support"
+
+-- The module, loaded once per Lua state: busted unloads what a spec file required, so the
+-- module is kept in the registry and luaopen runs only once.
+function M.relaybus()
+  local reg = debug.getregistry()
+  if not reg.__relaybus_spec_module then
+    package.cpath = build .. "/?.so;" .. package.cpath
+    reg.__relaybus_spec_module = require "relaybus"
+  end
+  return reg.__relaybus_spec_module
+end
+
+local ok_system, system = pcall(require, "system")
+
+-- Sleeps in the spec process without running relaybus's loop (for polling children).
+function M.sleep(s)
+  if ok_system then system.sleep(s) else os.execute(string.format("sleep %.3f", s)) end
+end
+
+-- Monotonic seconds (CLOCK_MONOTONIC, comparable with relaybus.now() in other processes).
+function M.mono()
+  if ok_system then return system.monotime() end
+  return M.relaybus().now()
+end
+
+-- ---- temporary files ---------------------------------------------------------------------
+local tmpdir
+function M.tmpdir()
+  if not tmpdir then
+    local p = assert(io.popen("mktemp -d \"${TMPDIR:-/tmp}/relaybus-spec.XXXXXX\""))
+    tmpdir = p:read("*l")
+    p:close()
+    assert(tmpdir and #tmpdir > 0, "mktemp -d failed")
+  end
+  return tmpdir
+end
+
+local counter = 0
+local salt = string.format("%x%04x", os.time() % 0x100000, math.random(0, 0xffff))
+-- A name unique in this run and across runs: for temp files and table names.
+function M.unique(prefix)
+  counter = counter + 1
+  return string.format("%s_%s_%d", prefix or "t", salt, counter)
+end
+
+function M.tmpfile(name)
+  return M.tmpdir() .. "/" .. M.unique(name or "f")
+end
+
+function M.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+function M.write(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+function M.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+function M.cleanup()
+  M.kill_all()
+  if tmpdir then
+    os.execute("rm -rf '" .. tmpdir .. "'")
+    tmpdir = nil
+  end
+end
+
+-- ---- the matrix ----------------------------------------------------------------------------
+local ci = os.getenv("CI") == "true" or os.getenv("CI") == "1"
+
+local function unavailable(name, var)
+  return {
+    name = name,
+    unavailable = true,
+    url = function()
+      error(name .. ": server not available (" .. var .. " is not set and CI=true)", 2)
+    end,
+  }
+end
+
+local function server_store(name, var, prefix)
+  local url = os.getenv(var)
+  if url and url ~= "" then
+    return {
+      name = name,
+      server = url,
+      sql = name == "postgresql",
+      url = function()
+        local t = M.unique(prefix)
+        return url, { table = t }
+      end,
+    }
+  elseif ci then
+    return unavailable(name, var)
+  end
+end
+
+function M.list()
+  local list = {
+    {
+      name = "sqlite",
+      sql = true,
+      url = function()
+        -- the default table name: the command's subcommands (which take no table) see it
+        return "sqlite:" .. M.tmpfile("store") .. ".db", {}
+      end,
+    },
+  }
+  list[#list + 1] = server_store("postgresql", "RELAYBUS_TEST_PG", "rb")
+  list[#list + 1] = server_store("mongodb", "RELAYBUS_TEST_MONGO", "rb")
+  -- RELAYBUS_SPEC_STORES=sqlite,postgresql narrows the matrix for a local run.
+  local only = os.getenv("RELAYBUS_SPEC_STORES")
+  if only and only ~= "" then
+    local keep = {}
+    for _, s in ipairs(list) do
+      if ("," .. only .. ","):find("," .. s.name .. ",", 1, true) then keep[#keep + 1] = s end
+    end
+    list = keep
+  end
+  return list
+end
+
+M.default_table = "relaybus_deliveries"
+
+-- Opens a fresh store of `entry`; returns store, url, opts, table name.
+function M.open(entry, extra)
+  local relaybus = M.relaybus()
+  local url, opts = entry.url()
+  opts = opts or {}
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  local store, err = relaybus.open(url, opts)
+  assert(store, "open " .. tostring(url) .. ": " .. tostring(err))
+  return store, url, opts, opts.table or M.default_table
+end
+
+-- ---- children --------------------------------------------------------------------------------
+local function q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+M.quote = q
+
+local procs = {}
+
+-- Starts `relaybus run SCRIPT ARGS...` (or any argv when opts.argv) in the background.
+-- opts.env: table of environment variables. Returns a proc: {pid=, out=, err=, rcfile=}.
+function M.spawn(script, args, opts)
+  opts = opts or {}
+  local base = M.tmpfile("proc")
+  local p = { out = base .. ".out", err = base .. ".err", rcfile = base .. ".rc",
+              pidfile = base .. ".pid" }
+  local argv = opts.argv or { M.bin, "run", script }
+  local parts = {}
+  for _, a in ipairs(argv) do parts[#parts + 1] = q(a) end
+  for _, a in ipairs(args or {}) do parts[#parts + 1] = q(a) end
+  local env = {}
+  for k, v in pairs(opts.env or {}) do env[#env + 1] = k .. "=" .. q(v) end
+  local wrapper = table.concat({
+    "#!/bin/sh",
+    (#env > 0 and ("export " .. table.concat(env, " ")) or ":"),
+    table.concat(parts, " ") .. " >" .. q(p.out) .. " 2>" .. q(p.err) .. " </dev/null &",
+    "echo $! >" .. q(p.pidfile .. ".tmp") .. " && mv " .. q(p.pidfile .. ".tmp") .. " " .. q(p.pidfile),
+    "wait $!",
+    "echo $? >" .. q(p.rcfile .. ".tmp") .. " && mv " .. q(p.rcfile .. ".tmp") .. " " .. q(p.rcfile),
+    "",
+  }, "\n")
+  M.write(base .. ".sh", wrapper)
+  os.execute("sh " .. q(base .. ".sh") .. " >/dev/null 2>&1 </dev/null &")
+  local ok = M.wait_for(function() return M.exists(p.pidfile) end, 10)
+  assert(ok, "child did not start: " .. table.concat(parts, " "))
+  p.pid = tonumber(M.read(p.pidfile):match("%d+"))
+  procs[#procs + 1] = p
+  return p
+end
+
+function M.signal(p, sig)
+  return os.execute("kill -" .. sig .. " " .. p.pid .. " 2>/dev/null")
+end
+
+-- The exit code once the child has ended, else nil.
+function M.rc(p)
+  local s = M.read(p.rcfile)
+  return s and tonumber(s:match("%d+"))
+end
+
+-- Waits for the child to end; returns its exit code, or nil after `timeout` s.
+function M.wait_exit(p, timeout)
+  if M.wait_for(function() return M.rc(p) ~= nil end, timeout or 30) then return M.rc(p) end
+  return nil
+end
+
+-- SIGKILLs the child and waits until it is gone.
+function M.kill(p)
+  M.signal(p, "KILL")
+  M.signal(p, "CONT")
+  return M.wait_exit(p, 10)
+end
+
+function M.kill_all()
+  for _, p in ipairs(procs) do
+    if not M.rc(p) then M.signal(p, "KILL"); M.signal(p, "CONT") end
+  end
+  for _, p in ipairs(procs) do
+    if not M.rc(p) then M.wait_exit(p, 5) end
+  end
+  procs = {}
+end
+
+-- Polls `cond` every 10 ms until it returns a true value (returned) or `timeout` s pass (nil).
+function M.wait_for(cond, timeout)
+  local deadline = M.mono() + (timeout or 10)
+  while true do
+    local v = cond()
+    if v then return v end
+    if M.mono() > deadline then return nil end
+    M.sleep(0.01)
+  end
+end
+
+-- Lines of a file, complete lines only (a killed writer may leave half a line).
+function M.lines(path)
+  local s = M.read(path) or ""
+  local out = {}
+  for line in s:gmatch("([^\n]*)\n") do out[#out + 1] = line end
+  return out
+end
+
+-- Runs a command to completion; returns exit code, stdout, stderr.
+function M.run_command(argv, env)
+  local base = M.tmpfile("cmd")
+  local parts = {}
+  for k, v in pairs(env or {}) do parts[#parts + 1] = k .. "=" .. q(v) end
+  for _, a in ipairs(argv) do parts[#parts + 1] = q(a) end
+  local cmd = table.concat(parts, " ") .. " >" .. q(base .. ".out") .. " 2>" .. q(base .. ".err") .. " </dev/null"
+  local _, _, code = os.execute(cmd)
+  return code, M.read(base .. ".out") or "", M.read(base .. ".err") or ""
+end
+
+return M
