@@ -1,11 +1,1452 @@
-/* store_sqlite.c -- placeholder until the sqlite store lands: opening one fails with a clear error. */
+/* store_sqlite.c -- the SQLite store, the embedded default: schema and migrations, deliveries,
+ * named leases and application transactions on one WAL connection. Every operation is a small
+ * queued job run on the loop thread; SQLITE_BUSY is retried from a timer, never waited out. */
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sqlite3.h>
 #include "store.h"
 
-rb_store *rb_sqlite_open(struct ev_loop *loop, const char *where, const rb_store_options *opts,
-                       char *err, size_t errlen)
+#define BUSY_TIMEOUT_MS 5       /* the longest sqlite3 itself may block the loop on a lock */
+#define OPEN_TIMEOUT_MS 10000   /* open and migrate are blocking by contract */
+#define RETRY_FIRST     0.002   /* s: first retry after SQLITE_BUSY, doubling ... */
+#define RETRY_MAX       0.05    /* ... up to this (latency once the lock frees) ... */
+#define RETRY_GIVE_UP   30.0    /* ... until the job fails */
+#define SCHEMA_VERSION  1
+#define LIST_DEFAULT    100
+
+/* Column order read by read_delivery. */
+#define COLS "id, topic, payload, key, status, attempts, max_attempts, fence, run_at, " \
+             "created_at, lease_token, lease_expires_at, last_error"
+
+/* --- schema ----------------------------------------------------------------------------- */
+/* SQL templates say "{t}" for the deliveries table name (a validated identifier, always
+ * quoted). The partial indexes keep claims and dedupe cheap however many settled rows pile up;
+ * queries repeat an index's WHERE term verbatim so the planner can use it. */
+static const char *const migrations[SCHEMA_VERSION] = {
+    /* 1: deliveries, their indexes, named leases */
+    "CREATE TABLE IF NOT EXISTS \"{t}\" ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " topic TEXT NOT NULL,"
+    " payload TEXT NOT NULL,"
+    " key TEXT,"
+    " status TEXT NOT NULL DEFAULT 'pending'"
+    "  CHECK (status IN ('pending','processing','completed','buried')),"
+    " attempts INTEGER NOT NULL DEFAULT 0,"
+    " max_attempts INTEGER NOT NULL DEFAULT 25,"
+    " fence INTEGER NOT NULL DEFAULT 0,"
+    " run_at REAL NOT NULL,"
+    " created_at REAL NOT NULL,"
+    " settled_at REAL,"
+    " lease_token TEXT,"
+    " lease_expires_at REAL,"
+    " last_error TEXT);"
+    "CREATE INDEX IF NOT EXISTS \"{t}_due\" ON \"{t}\" (run_at)"
+    " WHERE status IN ('pending','processing');"
+    "CREATE INDEX IF NOT EXISTS \"{t}_key\" ON \"{t}\" (topic, key)"
+    " WHERE key IS NOT NULL AND status IN ('pending','processing');"
+    "CREATE INDEX IF NOT EXISTS \"{t}_settled\" ON \"{t}\" (status, settled_at)"
+    " WHERE status IN ('completed','buried');"
+    "CREATE TABLE IF NOT EXISTS \"{t}_leases\" ("
+    " name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL);",
+};
+
+/* Prepared once per store, on first use. Settle statements share their parameter numbers:
+ * ?1 now, ?2 id, ?3 token, ?4 delay, ?5 error. Lease ones: ?1 name, ?2 token, ?3 now, ?4 s. */
+enum {
+    ST_ENQ_FIND, ST_ENQ_INSERT, ST_CLAIM_BURY, ST_CLAIM_TAKE,
+    ST_COMPLETE, ST_RESCHEDULE, ST_BURY, ST_RELEASE, ST_EXTEND,
+    ST_GET, ST_STATS, ST_KICK_ONE, ST_KICK_BURIED, ST_PURGE,
+    ST_LEASE_ACQUIRE, ST_LEASE_EXTEND, ST_LEASE_RELEASE, ST_COUNT
+};
+
+#define FENCED " WHERE id = ?2 AND status = 'processing' AND lease_token = ?3"
+#define NO_LEASE " lease_token = NULL, lease_expires_at = NULL"
+static const char *const stmt_sql[ST_COUNT] = {
+    [ST_ENQ_FIND] = "SELECT id FROM \"{t}\" WHERE key IS NOT NULL"
+        " AND status IN ('pending','processing') AND topic = ?1 AND key = ?2 ORDER BY id LIMIT 1",
+    [ST_ENQ_INSERT] = "INSERT INTO \"{t}\" (topic, payload, key, status, attempts, max_attempts,"
+        " fence, run_at, created_at) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6)",
+    [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
+        " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
+    [ST_CLAIM_TAKE] = "UPDATE \"{t}\" SET status = 'processing', attempts = attempts + 1,"
+        " fence = fence + 1, lease_token = ?1, lease_expires_at = ?2 WHERE id = ?3 RETURNING " COLS,
+    [ST_COMPLETE] = "UPDATE \"{t}\" SET status = 'completed', settled_at = ?1," NO_LEASE FENCED,
+    [ST_RESCHEDULE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
+        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
+    [ST_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
+        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
+    [ST_RELEASE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
+        " attempts = MAX(attempts - 1, 0)," NO_LEASE FENCED,
+    [ST_EXTEND] = "UPDATE \"{t}\" SET lease_expires_at = ?1 + ?4" FENCED,
+    [ST_GET] = "SELECT " COLS " FROM \"{t}\" WHERE id = ?1",
+    [ST_STATS] = "SELECT"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND status = 'pending'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND status = 'processing'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
+        "   AND status = 'completed'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
+        "   AND status = 'buried'),"
+        " count(*), min(run_at) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND run_at <= ?1 AND (status = 'pending' OR lease_expires_at <= ?1)",
+    [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0, run_at = ?1,"
+        " settled_at = NULL," NO_LEASE " WHERE id = ?2 AND status = 'buried'",
+    [ST_KICK_BURIED] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0, run_at = ?1,"
+        " settled_at = NULL," NO_LEASE
+        " WHERE status IN ('completed','buried') AND status = 'buried'",
+    [ST_PURGE] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
+        " WHERE status IN ('completed','buried') AND status = ?1 AND settled_at < ?2"
+        " ORDER BY settled_at LIMIT ?3)",
+    [ST_LEASE_ACQUIRE] = "INSERT INTO \"{t}_leases\" (name, token, expires_at)"
+        " VALUES (?1, ?2, ?3 + ?4) ON CONFLICT (name) DO UPDATE"
+        " SET token = excluded.token, expires_at = excluded.expires_at"
+        " WHERE expires_at <= ?3 OR token = excluded.token",
+    [ST_LEASE_EXTEND] = "UPDATE \"{t}_leases\" SET expires_at = ?3 + ?4"
+        " WHERE name = ?1 AND token = ?2 AND expires_at > ?3",
+    [ST_LEASE_RELEASE] = "DELETE FROM \"{t}_leases\" WHERE name = ?1 AND token = ?2",
+};
+
+/* --- the store and its jobs ------------------------------------------------------------- */
+typedef struct rb_sqlite rb_sqlite;
+typedef struct job job;
+typedef enum { JOB_DONE, JOB_BUSY } job_rc;
+
+typedef struct job_type {
+    job_rc (*run)(rb_sqlite *s, job *j);        /* the SQL work; never calls the callback */
+    void (*report)(job *j, const char *err);    /* calls the callback, takes owned results */
+} job_type;
+
+typedef struct strnode { struct strnode *next; char text[]; } strnode;
+typedef struct queue { job *head, *tail; } queue;
+
+struct job {
+    job *next;
+    const job_type *type;
+    rb_sqlite *s;
+    rb_tx *tx;              /* the user transaction it belongs to, or NULL */
+    void *ud;
+    union {
+        rb_done_cb done; rb_ids_cb ids; rb_records_cb records; rb_count_cb count;
+        rb_stats_cb stats; rb_lease_cb lease; rb_tx_cb tx; rb_rows_cb rows;
+    } cb;
+    strnode *strs;          /* copies of the caller's strings, freed with the job */
+    int oom;                /* a copy failed: the job reports "out of memory" */
+    double busy_since;      /* monotonic s of the first SQLITE_BUSY, 0 before */
+    /* arguments */
+    rb_enqueue_item *items; size_t nitems;
+    const char **topics; size_t ntopics;
+    rb_settle_op *ops; size_t nops;     /* the caller's array: results are written into it */
+    rb_value *params; size_t nparams;
+    const char *id, *status, *topic, *name, *token, *sql;
+    size_t limit;
+    double num;             /* lease duration, purge age */
+    int which;              /* statement, kick mode */
+    int stage;              /* commit: 1 once the completion is written */
+    /* results */
+    char (*idbuf)[24]; char **idp;
+    rb_delivery **recs; size_t nrecs;
+    rb_stats st;
+    rb_rowset *rows;
+    rb_tx *new_tx;
+    int64_t count;
+    int acquired; double expires_at;
+    int notify;             /* deliveries became due: wake the local dispatcher */
+    int failed;
+    char err[256];
+};
+
+struct rb_tx { rb_sqlite *s; int enqueued; };
+
+struct rb_sqlite {
+    rb_store base;
+    sqlite3 *db;
+    sqlite3_stmt *stmts[ST_COUNT];
+    sqlite3_stmt *claim_sel;    /* claim's select, built for claim_ntopics topics */
+    size_t claim_ntopics;
+    queue q;                    /* everything outside a transaction, begins included */
+    queue txq;                  /* operations of the open transaction */
+    rb_tx *tx;                  /* the open transaction: it holds the connection */
+    ev_timer retry;
+    double retry_delay;
+    int pumping, retry_armed, closed;
+};
+
+/* --- small helpers ---------------------------------------------------------------------- */
+static double mono_now(void)
 {
-    (void)loop; (void)where; (void)opts;
-    snprintf(err, errlen, "the sqlite store is not available in this build");
-    return NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A duration from the caller: NaN, infinite or negative would poison REAL columns. */
+static double sane_secs(double x) { return isfinite(x) && x > 0 ? x : 0; }
+
+static int is_busy(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
+
+static int parse_id(const char *text, sqlite3_int64 *out)
+{
+    if (!text || !*text) return 0;
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (*end || v <= 0) return 0;
+    *out = v;
+    return 1;
+}
+
+static void set_err(job *j, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err, sizeof j->err, fmt, ap);
+    va_end(ap);
+    j->failed = 1;
+}
+
+/* Remembers the first failure of a run, while sqlite3_errmsg still describes it. */
+static void note_error(rb_sqlite *s, job *j, int rc)
+{
+    if (j->err[0]) return;
+    const char *msg = sqlite3_errmsg(s->db);
+    snprintf(j->err, sizeof j->err, "sqlite: %s", msg && *msg ? msg : sqlite3_errstr(rc));
+}
+
+/* Copies a string into the job (NULL stays NULL); len (size_t)-1 means NUL-terminated. */
+static const char *keep_n(job *j, const char *str, size_t len)
+{
+    if (!str) return NULL;
+    if (len == (size_t)-1) len = strlen(str);
+    strnode *n = malloc(sizeof *n + len + 1);
+    if (!n) { j->oom = 1; return NULL; }
+    memcpy(n->text, str, len);
+    n->text[len] = 0;
+    n->next = j->strs;
+    j->strs = n;
+    return n->text;
+}
+static const char *keep(job *j, const char *str) { return keep_n(j, str, (size_t)-1); }
+
+/* Replaces every "{t}" in tmpl with the table name. */
+static char *expand(const char *tmpl, const char *table)
+{
+    size_t tl = strlen(table), n = 0;
+    for (const char *p = tmpl; (p = strstr(p, "{t}")); p += 3) n++;
+    char *out = malloc(strlen(tmpl) + n * tl + 1), *o = out;
+    if (!out) return NULL;
+    for (const char *p = tmpl; *p;) {
+        if (strncmp(p, "{t}", 3) == 0) { memcpy(o, table, tl); o += tl; p += 3; }
+        else *o++ = *p++;
+    }
+    *o = 0;
+    return out;
+}
+
+static int prepare_sql(rb_sqlite *s, job *j, const char *tmpl, unsigned flags,
+                       sqlite3_stmt **out)
+{
+    char *sql = expand(tmpl, s->base.table);
+    if (!sql) return SQLITE_NOMEM;
+    int rc = sqlite3_prepare_v3(s->db, sql, -1, flags, out, NULL);
+    free(sql);
+    if (rc != SQLITE_OK) note_error(s, j, rc);
+    return rc;
+}
+
+/* The cached statement `which`, prepared on first use. */
+static int prep(rb_sqlite *s, job *j, int which, sqlite3_stmt **out)
+{
+    if (!s->stmts[which]) {
+        int rc = prepare_sql(s, j, stmt_sql[which], SQLITE_PREPARE_PERSISTENT, &s->stmts[which]);
+        if (rc != SQLITE_OK) return rc;
+    }
+    *out = s->stmts[which];
+    return SQLITE_OK;
+}
+
+/* Binding errors are ignored on purpose: an absent parameter number (SQLITE_RANGE) is how the
+ * shared numbering skips what a statement does not use. */
+static void bind_text(sqlite3_stmt *st, int i, const char *v)
+{
+    if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(st, i);
+}
+
+/* Steps once; ROW and DONE are outcomes, anything else an error to remember. */
+static int step(rb_sqlite *s, job *j, sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) note_error(s, j, rc);
+    return rc;
+}
+
+/* Runs a statement that returns no rows to completion; SQLITE_OK on success. */
+static int run_to_done(rb_sqlite *s, job *j, sqlite3_stmt *st)
+{
+    int rc;
+    while ((rc = step(s, j, st)) == SQLITE_ROW) {}
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int exec_sql(rb_sqlite *s, job *j, const char *sql)
+{
+    int rc = sqlite3_exec(s->db, sql, NULL, NULL, NULL);
+    if (rc != SQLITE_OK) note_error(s, j, rc);
+    return rc;
+}
+
+/* A job's write scope: its own BEGIN IMMEDIATE transaction, or a savepoint inside the user
+ * transaction it belongs to (so a failed tx_enqueue leaves nothing half-written). */
+static int scope_begin(rb_sqlite *s, job *j)
+{
+    return exec_sql(s, j, j->tx ? "SAVEPOINT rb_job" : "BEGIN IMMEDIATE");
+}
+
+static int scope_end(rb_sqlite *s, job *j, int rc)
+{
+    if (rc == SQLITE_OK) {
+        rc = exec_sql(s, j, j->tx ? "RELEASE rb_job" : "COMMIT");
+        if (rc == SQLITE_OK) return rc;
+    }
+    if (j->tx) sqlite3_exec(s->db, "ROLLBACK TO rb_job; RELEASE rb_job", NULL, NULL, NULL);
+    else if (!sqlite3_get_autocommit(s->db)) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return rc;
+}
+
+/* 1 while a busy job may still be retried (starting its clock on the first busy). */
+static int may_retry(job *j)
+{
+    double now = mono_now();
+    if (j->busy_since == 0) j->busy_since = now;
+    return now - j->busy_since < RETRY_GIVE_UP;
+}
+
+/* Turns a run's final sqlite code into the job's outcome. Work inside a user transaction is not
+ * retryable: only the whole transaction could be. */
+static job_rc conclude(job *j, int rc, int retryable)
+{
+    if (rc == SQLITE_OK || rc == SQLITE_DONE || rc == SQLITE_ROW) return JOB_DONE;
+    if (is_busy(rc) && retryable) {
+        if (may_retry(j)) return JOB_BUSY;
+        set_err(j, "sqlite: database is locked (gave up after %.0f s)", RETRY_GIVE_UP);
+        return JOB_DONE;
+    }
+    if (!j->err[0]) snprintf(j->err, sizeof j->err, "sqlite: %s", sqlite3_errstr(rc));
+    j->failed = 1;
+    return JOB_DONE;
+}
+
+/* --- records ---------------------------------------------------------------------------- */
+static const char *col_text(sqlite3_stmt *st, int i)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL) return NULL;
+    return (const char *)sqlite3_column_text(st, i);
+}
+
+/* Builds a record from a row in COLS order. */
+static rb_delivery *read_delivery(sqlite3_stmt *st)
+{
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)sqlite3_column_int64(st, 0));
+    const char *topic = col_text(st, 1), *payload = col_text(st, 2);
+    rb_delivery *d = rb_delivery_new(id, topic ? topic : "", payload ? payload : "null",
+                                     col_text(st, 3), col_text(st, 12), col_text(st, 10));
+    if (!d) return NULL;
+    const char *status = col_text(st, 4);
+    int code = rb_status_parse(status);
+    d->status = code < 0 ? RB_BURIED : (rb_status)code;
+    d->attempts = sqlite3_column_int(st, 5);
+    d->max_attempts = sqlite3_column_int(st, 6);
+    d->fence = sqlite3_column_int64(st, 7);
+    d->run_at = sqlite3_column_double(st, 8);
+    d->created_at = sqlite3_column_double(st, 9);
+    d->lease_expires_at = sqlite3_column_double(st, 11);
+    return d;
+}
+
+static void free_records(job *j)
+{
+    rb_delivery_list_free(j->recs, j->nrecs);
+    j->recs = NULL;
+    j->nrecs = 0;
+}
+
+static int push_record(job *j, rb_delivery *d)
+{
+    rb_delivery **grown = d ? realloc(j->recs, (j->nrecs + 1) * sizeof *grown) : NULL;
+    if (!grown) { rb_delivery_free(d); return SQLITE_NOMEM; }
+    j->recs = grown;
+    j->recs[j->nrecs++] = d;
+    return SQLITE_OK;
+}
+
+/* Steps st to the end, appending every row as a record; resets st. */
+static int collect_records(rb_sqlite *s, job *j, sqlite3_stmt *st)
+{
+    int rc;
+    while ((rc = step(s, j, st)) == SQLITE_ROW)
+        if ((rc = push_record(j, read_delivery(st))) != SQLITE_OK) break;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc == SQLITE_NOMEM) note_error(s, j, rc);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* --- enqueue ---------------------------------------------------------------------------- */
+/* The id of a pending or processing delivery with the item's topic and key, or 0. */
+static int find_by_key(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_int64 *found)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_ENQ_FIND, &st);
+    if (rc != SQLITE_OK) return rc;
+    bind_text(st, 1, it->topic);
+    bind_text(st, 2, it->key);
+    *found = 0;
+    rc = step(s, j, st);
+    if (rc == SQLITE_ROW) *found = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int enqueue_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, double now, char *id)
+{
+    sqlite3_int64 found = 0;
+    int rc = it->key ? find_by_key(s, j, it, &found) : SQLITE_OK;
+    if (rc != SQLITE_OK) return rc;
+    if (!found) {
+        sqlite3_stmt *st;
+        if ((rc = prep(s, j, ST_ENQ_INSERT, &st)) != SQLITE_OK) return rc;
+        double run_at = isfinite(it->run_at) && it->run_at > 0 ? it->run_at
+                                                               : now + sane_secs(it->delay);
+        bind_text(st, 1, it->topic);
+        bind_text(st, 2, it->payload);
+        bind_text(st, 3, it->key);
+        sqlite3_bind_int(st, 4, it->max_attempts > 0 ? it->max_attempts : 1);
+        sqlite3_bind_double(st, 5, run_at);
+        sqlite3_bind_double(st, 6, now);
+        if ((rc = run_to_done(s, j, st)) != SQLITE_OK) return rc;
+        found = sqlite3_last_insert_rowid(s->db);
+        j->notify = 1;
+    }
+    snprintf(id, 24, "%lld", (long long)found);
+    return SQLITE_OK;
+}
+
+/* Answers a tx job whose transaction is over (or was rolled back under it) with an error. */
+static int tx_gone(rb_sqlite *s, job *j)
+{
+    if (j->tx != s->tx) { set_err(j, "sqlite: the transaction is already finished"); return 1; }
+    if (sqlite3_get_autocommit(s->db)) {
+        set_err(j, "sqlite: the transaction was rolled back by an earlier error");
+        return 1;
+    }
+    return 0;
+}
+
+static job_rc run_enqueue(rb_sqlite *s, job *j)
+{
+    if (j->tx && tx_gone(s, j)) return JOB_DONE;
+    double now = rb_wall_time();
+    j->notify = 0;
+    int rc = scope_begin(s, j);
+    for (size_t i = 0; rc == SQLITE_OK && i < j->nitems; i++)
+        rc = enqueue_one(s, j, &j->items[i], now, j->idbuf[i]);
+    rc = scope_end(s, j, rc);
+    if (rc == SQLITE_OK && j->tx && j->notify) {
+        j->tx->enqueued = 1;    /* the wake-up waits for the user's commit */
+        j->notify = 0;
+    }
+    return conclude(j, rc, !j->tx);
+}
+
+/* --- claim ------------------------------------------------------------------------------ */
+typedef struct cand { sqlite3_int64 id; int bury; } cand;
+
+/* Claim's candidate query, rebuilt only when the number of topics changes. */
+static int claim_select(rb_sqlite *s, job *j, sqlite3_stmt **out)
+{
+    if (s->claim_sel && s->claim_ntopics == j->ntopics) { *out = s->claim_sel; return SQLITE_OK; }
+    sqlite3_finalize(s->claim_sel);
+    s->claim_sel = NULL;
+    size_t cap = 512 + j->ntopics * 8;
+    char *sql = malloc(cap);
+    if (!sql) return SQLITE_NOMEM;
+    size_t n = (size_t)snprintf(sql, cap,
+        "SELECT id, attempts >= max_attempts FROM \"{t}\""
+        " WHERE status IN ('pending','processing') AND run_at <= ?1"
+        " AND (status = 'pending' OR lease_expires_at <= ?1) AND topic IN (");
+    for (size_t i = 0; i < j->ntopics; i++)
+        n += (size_t)snprintf(sql + n, cap - n, "%s?%zu", i ? "," : "", i + 3);
+    snprintf(sql + n, cap - n, ") ORDER BY run_at, id LIMIT ?2");
+    int rc = prepare_sql(s, j, sql, SQLITE_PREPARE_PERSISTENT, &s->claim_sel);
+    free(sql);
+    if (rc != SQLITE_OK) return rc;
+    s->claim_ntopics = j->ntopics;
+    *out = s->claim_sel;
+    return SQLITE_OK;
+}
+
+/* Reads the due candidates (all of them before any update touches the table). */
+static int claim_candidates(rb_sqlite *s, job *j, double now, cand **out, size_t *nout)
+{
+    sqlite3_stmt *st;
+    int rc = claim_select(s, j, &st);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_double(st, 1, now);
+    sqlite3_bind_int64(st, 2, j->limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)j->limit);
+    for (size_t i = 0; i < j->ntopics; i++) bind_text(st, (int)i + 3, j->topics[i]);
+    cand *c = NULL;
+    size_t n = 0;
+    while ((rc = step(s, j, st)) == SQLITE_ROW) {
+        cand *grown = realloc(c, (n + 1) * sizeof *c);
+        if (!grown) { rc = SQLITE_NOMEM; break; }
+        c = grown;
+        c[n].id = sqlite3_column_int64(st, 0);
+        c[n++].bury = sqlite3_column_int(st, 1);
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc != SQLITE_DONE) { free(c); return rc; }
+    *out = c;
+    *nout = n;
+    return SQLITE_OK;
+}
+
+static int claim_bury(rb_sqlite *s, job *j, sqlite3_int64 id, double now)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_CLAIM_BURY, &st);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_double(st, 1, now);
+    sqlite3_bind_int64(st, 2, id);
+    return run_to_done(s, j, st);
+}
+
+static int claim_take(rb_sqlite *s, job *j, sqlite3_int64 id, const char *token, double expires)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_CLAIM_TAKE, &st);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_text(st, 1, token, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 2, expires);
+    sqlite3_bind_int64(st, 3, id);
+    return collect_records(s, j, st);
+}
+
+static job_rc run_claim(rb_sqlite *s, job *j)
+{
+    free_records(j);    /* left over from an attempt that hit SQLITE_BUSY */
+    if (!j->ntopics || !j->limit) return JOB_DONE;
+    double now = rb_wall_time();
+    char token[33];
+    rb_random_token(token);
+    cand *c = NULL;
+    size_t n = 0;
+    int rc = scope_begin(s, j);
+    if (rc == SQLITE_OK) rc = claim_candidates(s, j, now, &c, &n);
+    for (size_t i = 0; rc == SQLITE_OK && i < n; i++)
+        rc = c[i].bury ? claim_bury(s, j, c[i].id, now)
+                       : claim_take(s, j, c[i].id, token, now + j->num);
+    free(c);
+    rc = scope_end(s, j, rc);
+    if (rc != SQLITE_OK) free_records(j);
+    return conclude(j, rc, 1);
+}
+
+/* --- settle ----------------------------------------------------------------------------- */
+static int settle_stmt(rb_settle_kind kind)
+{
+    switch (kind) {
+    case RB_OP_COMPLETE: return ST_COMPLETE;
+    case RB_OP_RESCHEDULE: return ST_RESCHEDULE;
+    case RB_OP_BURY: return ST_BURY;
+    case RB_OP_RELEASE: return ST_RELEASE;
+    case RB_OP_EXTEND: return ST_EXTEND;
+    }
+    return -1;
+}
+
+/* One fenced write: the row changes only while processing under op->token. */
+static int settle_one(rb_sqlite *s, job *j, rb_settle_op *op, double now)
+{
+    sqlite3_int64 id;
+    int which = settle_stmt(op->kind);
+    op->applied = 0;
+    if (which < 0 || !op->token || !parse_id(op->id, &id)) return SQLITE_OK;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, which, &st);
+    if (rc != SQLITE_OK) return rc;
+    double delay = sane_secs(op->delay);
+    sqlite3_bind_double(st, 1, now);
+    sqlite3_bind_int64(st, 2, id);
+    bind_text(st, 3, op->token);
+    sqlite3_bind_double(st, 4, delay);
+    bind_text(st, 5, op->error);
+    if ((rc = run_to_done(s, j, st)) != SQLITE_OK) return rc;
+    op->applied = sqlite3_changes(s->db) > 0;
+    if (op->applied && op->kind == RB_OP_EXTEND) op->lease_expires_at = now + delay;
+    return SQLITE_OK;
+}
+
+static job_rc run_settle(rb_sqlite *s, job *j)
+{
+    double now = rb_wall_time();
+    int rc = scope_begin(s, j);
+    for (size_t i = 0; rc == SQLITE_OK && i < j->nops; i++)
+        rc = settle_one(s, j, &j->ops[i], now);
+    rc = scope_end(s, j, rc);
+    if (rc != SQLITE_OK)
+        for (size_t i = 0; i < j->nops; i++) j->ops[i].applied = 0;
+    return conclude(j, rc, 1);
+}
+
+/* --- reads: get, list, stats ------------------------------------------------------------ */
+static job_rc run_get(rb_sqlite *s, job *j)
+{
+    free_records(j);
+    sqlite3_int64 id;
+    if (!parse_id(j->id, &id)) return JOB_DONE;     /* no such delivery */
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_GET, &st);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, id);
+        rc = collect_records(s, j, st);
+    }
+    return conclude(j, rc, 1);
+}
+
+/* List's query for the filters given; the status hints let the partial indexes serve it. */
+static void list_sql(const job *j, char *sql, size_t cap)
+{
+    const char *hint = "";
+    if (j->status && (!strcmp(j->status, "pending") || !strcmp(j->status, "processing")))
+        hint = " AND status IN ('pending','processing')";
+    else if (j->status && (!strcmp(j->status, "completed") || !strcmp(j->status, "buried")))
+        hint = " AND status IN ('completed','buried')";
+    snprintf(sql, cap, "SELECT " COLS " FROM \"{t}\" WHERE 1%s%s%s ORDER BY id LIMIT ?3", hint,
+             j->status ? " AND status = ?1" : "", j->topic ? " AND topic = ?2" : "");
+}
+
+static job_rc run_list(rb_sqlite *s, job *j)
+{
+    free_records(j);
+    char sql[1024];
+    list_sql(j, sql, sizeof sql);
+    sqlite3_stmt *st = NULL;
+    int rc = prepare_sql(s, j, sql, 0, &st);
+    if (rc == SQLITE_OK) {
+        bind_text(st, 1, j->status);
+        bind_text(st, 2, j->topic);
+        sqlite3_bind_int64(st, 3, j->limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)j->limit);
+        rc = collect_records(s, j, st);
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK) free_records(j);
+    return conclude(j, rc, 1);
+}
+
+static job_rc run_stats(rb_sqlite *s, job *j)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_STATS, &st);
+    if (rc != SQLITE_OK) return conclude(j, rc, 1);
+    double now = rb_wall_time();
+    sqlite3_bind_double(st, 1, now);
+    rc = step(s, j, st);
+    if (rc == SQLITE_ROW) {
+        j->st.pending = sqlite3_column_int64(st, 0);
+        j->st.processing = sqlite3_column_int64(st, 1);
+        j->st.completed = sqlite3_column_int64(st, 2);
+        j->st.buried = sqlite3_column_int64(st, 3);
+        j->st.due = sqlite3_column_int64(st, 4);
+        double oldest = sqlite3_column_double(st, 5);
+        j->st.oldest_due_age = j->st.due && now > oldest ? now - oldest : 0;
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return conclude(j, rc, 1);
+}
+
+/* --- kick, purge ------------------------------------------------------------------------ */
+static job_rc run_kick(rb_sqlite *s, job *j)
+{
+    sqlite3_int64 id = 0;
+    j->count = 0;
+    if (j->which == RB_KICK_ONE && !parse_id(j->id, &id)) return JOB_DONE;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, j->which == RB_KICK_ONE ? ST_KICK_ONE : ST_KICK_BURIED, &st);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_double(st, 1, rb_wall_time());
+        if (j->which == RB_KICK_ONE) sqlite3_bind_int64(st, 2, id);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    j->notify = j->count > 0;
+    return conclude(j, rc, 1);
+}
+
+static job_rc run_purge(rb_sqlite *s, job *j)
+{
+    j->count = 0;
+    if (!j->status || (strcmp(j->status, "completed") && strcmp(j->status, "buried"))) {
+        set_err(j, "sqlite: purge takes status completed or buried, not '%s'",
+                j->status ? j->status : "(none)");
+        return JOB_DONE;
+    }
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_PURGE, &st);
+    if (rc == SQLITE_OK) {
+        bind_text(st, 1, j->status);
+        sqlite3_bind_double(st, 2, rb_wall_time() - sane_secs(j->num));
+        sqlite3_bind_int64(st, 3, j->limit ? (sqlite3_int64)(j->limit > INT32_MAX ? INT32_MAX
+                                                                               : j->limit) : -1);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    return conclude(j, rc, 1);
+}
+
+/* --- named leases ----------------------------------------------------------------------- */
+static job_rc run_lease(rb_sqlite *s, job *j)
+{
+    sqlite3_stmt *st;
+    double now = rb_wall_time(), duration = sane_secs(j->num);
+    j->acquired = 0;
+    j->expires_at = 0;
+    int rc = prep(s, j, j->which, &st);
+    if (rc == SQLITE_OK) {
+        bind_text(st, 1, j->name);
+        bind_text(st, 2, j->token);
+        sqlite3_bind_double(st, 3, now);
+        sqlite3_bind_double(st, 4, duration);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->acquired = sqlite3_changes(s->db) > 0;
+    if (j->acquired && j->which != ST_LEASE_RELEASE) j->expires_at = now + duration;
+    return conclude(j, rc, 1);
+}
+
+/* --- transactions ----------------------------------------------------------------------- */
+static void end_tx(rb_sqlite *s)
+{
+    free(s->tx);
+    s->tx = NULL;
+}
+
+static job_rc run_begin(rb_sqlite *s, job *j)
+{
+    int rc = exec_sql(s, j, "BEGIN IMMEDIATE");
+    if (rc != SQLITE_OK) return conclude(j, rc, 1);
+    rb_tx *tx = calloc(1, sizeof *tx);
+    if (!tx) {
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        set_err(j, "sqlite: out of memory");
+        return JOB_DONE;
+    }
+    tx->s = s;
+    s->tx = j->new_tx = tx;     /* from now on only this transaction's jobs run */
+    return JOB_DONE;
+}
+
+/* Prepares one user statement and binds its parameters. */
+static int user_stmt(rb_sqlite *s, job *j, sqlite3_stmt **out)
+{
+    const char *tail = NULL;
+    int rc = sqlite3_prepare_v2(s->db, j->sql, -1, out, &tail);
+    if (rc != SQLITE_OK) { note_error(s, j, rc); return rc; }
+    if (!*out) { set_err(j, "sqlite: empty statement"); return SQLITE_MISUSE; }
+    while (tail && (*tail == ' ' || *tail == '\t' || *tail == '\n' || *tail == '\r' ||
+                    *tail == ';')) tail++;
+    if (tail && *tail) { set_err(j, "sqlite: one statement at a time, please"); return SQLITE_MISUSE; }
+    int want = sqlite3_bind_parameter_count(*out);
+    if ((size_t)want != j->nparams) {
+        set_err(j, "sqlite: the statement takes %d parameters, %zu given", want, j->nparams);
+        return SQLITE_MISUSE;
+    }
+    for (size_t i = 0; i < j->nparams; i++) {
+        const rb_value *v = &j->params[i];
+        int k = (int)i + 1;
+        switch (v->type) {
+        case RB_VNULL: sqlite3_bind_null(*out, k); break;
+        case RB_VINT: case RB_VBOOL: sqlite3_bind_int64(*out, k, v->i); break;
+        case RB_VFLOAT: sqlite3_bind_double(*out, k, v->f); break;
+        case RB_VTEXT: sqlite3_bind_text(*out, k, v->s, (int)v->len, SQLITE_STATIC); break;
+        }
+    }
+    return SQLITE_OK;
+}
+
+static job_rc run_exec(rb_sqlite *s, job *j)
+{
+    if (tx_gone(s, j)) return JOB_DONE;
+    sqlite3_stmt *st = NULL;
+    sqlite3_int64 before = sqlite3_total_changes64(s->db);
+    int rc = user_stmt(s, j, &st);
+    if (rc == SQLITE_OK) rc = run_to_done(s, j, st);
+    /* changes() is stale after statements that change nothing, so trust it only if the
+     * total moved. */
+    if (rc == SQLITE_OK)
+        j->count = sqlite3_total_changes64(s->db) != before ? sqlite3_changes64(s->db) : 0;
+    sqlite3_finalize(st);
+    return conclude(j, rc, 0);
+}
+
+/* Appends the current row of st to the rowset (text and blobs copied). */
+static int add_row(rb_rowset *rs, sqlite3_stmt *st)
+{
+    size_t base = rs->nrows * (size_t)rs->ncols;
+    rb_value *grown = realloc(rs->vals, (base + rs->ncols + 1) * sizeof *grown);
+    if (!grown) return SQLITE_NOMEM;
+    rs->vals = grown;
+    for (int c = 0; c < rs->ncols; c++) {
+        rb_value *v = &rs->vals[base + c];
+        memset(v, 0, sizeof *v);
+        int type = sqlite3_column_type(st, c);
+        if (type == SQLITE_INTEGER) { v->type = RB_VINT; v->i = sqlite3_column_int64(st, c); }
+        else if (type == SQLITE_FLOAT) { v->type = RB_VFLOAT; v->f = sqlite3_column_double(st, c); }
+        else if (type == SQLITE_NULL) v->type = RB_VNULL;
+        else {
+            const void *src = type == SQLITE_BLOB ? sqlite3_column_blob(st, c)
+                                                  : (const void *)sqlite3_column_text(st, c);
+            size_t len = (size_t)sqlite3_column_bytes(st, c);
+            char *copy = malloc(len + 1);
+            if (!copy) {    /* the row is not counted yet: free its copies here */
+                for (int k = 0; k < c; k++)
+                    if (rs->vals[base + k].type == RB_VTEXT) free((char *)rs->vals[base + k].s);
+                return SQLITE_NOMEM;
+            }
+            if (len) memcpy(copy, src, len);
+            copy[len] = 0;
+            v->type = RB_VTEXT; v->s = copy; v->len = len;
+        }
+    }
+    rs->nrows++;
+    return SQLITE_OK;
+}
+
+static rb_rowset *new_rowset(sqlite3_stmt *st)
+{
+    rb_rowset *rs = calloc(1, sizeof *rs);
+    if (!rs) return NULL;
+    int n = sqlite3_column_count(st);
+    rs->names = calloc((size_t)n + 1, sizeof *rs->names);
+    if (!rs->names) { free(rs); return NULL; }
+    for (int c = 0; c < n; c++) {
+        const char *name = sqlite3_column_name(st, c);
+        rs->names[c] = strdup(name ? name : "?");
+        rs->ncols = c + 1;
+        if (!rs->names[c]) { rs->ncols = c; rb_rowset_free(rs); return NULL; }
+    }
+    return rs;
+}
+
+static job_rc run_query(rb_sqlite *s, job *j)
+{
+    if (tx_gone(s, j)) return JOB_DONE;
+    sqlite3_stmt *st = NULL;
+    int rc = user_stmt(s, j, &st);
+    if (rc == SQLITE_OK && !(j->rows = new_rowset(st))) rc = SQLITE_NOMEM;
+    if (rc == SQLITE_OK) {
+        while ((rc = step(s, j, st)) == SQLITE_ROW)
+            if ((rc = add_row(j->rows, st)) != SQLITE_OK) break;
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+    }
+    if (rc == SQLITE_NOMEM) note_error(s, j, rc);
+    sqlite3_finalize(st);
+    return conclude(j, rc, 0);
+}
+
+/* Rolls back whatever is open and ends the transaction. */
+static void abandon_tx(rb_sqlite *s)
+{
+    if (!sqlite3_get_autocommit(s->db)) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    end_tx(s);
+}
+
+static job_rc run_commit(rb_sqlite *s, job *j)
+{
+    if (tx_gone(s, j)) { if (j->tx == s->tx) abandon_tx(s); return JOB_DONE; }
+    rb_settle_op *op = j->ops;
+    if (op && !j->stage) {
+        int rc = settle_one(s, j, op, rb_wall_time());
+        if (rc != SQLITE_OK || !op->applied) {     /* lease lost: nothing commits */
+            abandon_tx(s);
+            return conclude(j, rc, 0);
+        }
+        j->stage = 1;   /* a retried COMMIT must not write the completion twice */
+    }
+    int rc = exec_sql(s, j, "COMMIT");
+    if (is_busy(rc) && may_retry(j)) return JOB_BUSY;  /* the transaction stays open */
+    j->notify = rc == SQLITE_OK && s->tx->enqueued;
+    if (rc != SQLITE_OK && op) op->applied = 0;
+    abandon_tx(s);
+    return conclude(j, rc, 0);
+}
+
+static job_rc run_rollback(rb_sqlite *s, job *j)
+{
+    if (j->tx != s->tx) { set_err(j, "sqlite: the transaction is already finished"); return JOB_DONE; }
+    abandon_tx(s);
+    return JOB_DONE;
+}
+
+/* --- reporting ---------------------------------------------------------------------------- */
+static void report_done(job *j, const char *err) { if (j->cb.done) j->cb.done(j->ud, err); }
+
+static void report_ids(job *j, const char *err)
+{
+    if (j->cb.ids) j->cb.ids(j->ud, err, err ? NULL : j->idp, err ? 0 : j->nitems);
+}
+
+static void report_records(job *j, const char *err)
+{
+    rb_delivery **recs = err ? NULL : j->recs;
+    size_t n = err ? 0 : j->nrecs;
+    if (recs) { j->recs = NULL; j->nrecs = 0; }     /* ownership passes to the callback */
+    if (j->cb.records) j->cb.records(j->ud, err, recs, n);
+    else rb_delivery_list_free(recs, n);
+}
+
+static void report_count(job *j, const char *err)
+{
+    if (j->cb.count) j->cb.count(j->ud, err, err ? 0 : j->count);
+}
+
+static void report_stats(job *j, const char *err)
+{
+    if (j->cb.stats) j->cb.stats(j->ud, err, err ? NULL : &j->st);
+}
+
+static void report_lease(job *j, const char *err)
+{
+    if (j->cb.lease) j->cb.lease(j->ud, err, err ? 0 : j->acquired, err ? 0 : j->expires_at);
+}
+
+static void report_tx(job *j, const char *err)
+{
+    if (j->cb.tx) j->cb.tx(j->ud, err, err ? NULL : j->new_tx);
+}
+
+static void report_rows(job *j, const char *err)
+{
+    rb_rowset *rs = err ? NULL : j->rows;
+    if (rs) j->rows = NULL;
+    if (j->cb.rows) j->cb.rows(j->ud, err, rs);
+    else rb_rowset_free(rs);
+}
+
+static const job_type T_ENQUEUE = {run_enqueue, report_ids};
+static const job_type T_CLAIM = {run_claim, report_records};
+static const job_type T_SETTLE = {run_settle, report_done};
+static const job_type T_GET = {run_get, report_records};
+static const job_type T_LIST = {run_list, report_records};
+static const job_type T_STATS = {run_stats, report_stats};
+static const job_type T_KICK = {run_kick, report_count};
+static const job_type T_PURGE = {run_purge, report_count};
+static const job_type T_LEASE = {run_lease, report_lease};
+static const job_type T_BEGIN = {run_begin, report_tx};
+static const job_type T_EXEC = {run_exec, report_count};
+static const job_type T_QUERY = {run_query, report_rows};
+static const job_type T_COMMIT = {run_commit, report_done};
+static const job_type T_ROLLBACK = {run_rollback, report_done};
+
+/* --- the queue ---------------------------------------------------------------------------- */
+static void free_job(job *j)
+{
+    for (strnode *n = j->strs, *next; n; n = next) { next = n->next; free(n); }
+    free_records(j);
+    rb_rowset_free(j->rows);
+    free(j->items); free(j->topics); free(j->params); free(j->idbuf); free(j->idp);
+    free(j);
+}
+
+/* Reports the outcome and frees the job. The job is already off every queue, so whatever the
+ * callback does to the store (another operation, even close) finds consistent state. */
+static void finish(job *j, const char *err)
+{
+    if (!err && j->notify && !j->s->closed) rb_store_notify_local(&j->s->base);
+    j->type->report(j, err);
+    free_job(j);
+}
+
+static queue *queue_of(rb_sqlite *s, job *j) { return j->tx ? &s->txq : &s->q; }
+
+static void queue_push(queue *q, job *j)
+{
+    j->next = NULL;
+    if (q->tail) q->tail->next = j; else q->head = j;
+    q->tail = j;
+}
+
+static job *queue_pop(queue *q)
+{
+    job *j = q->head;
+    if (j && !(q->head = j->next)) q->tail = NULL;
+    return j;
+}
+
+/* While a transaction is open only its jobs run; the others wait their turn. Leftover jobs of
+ * a finished transaction run (and fail) before anything else. */
+static job *next_job(rb_sqlite *s)
+{
+    if (s->tx || s->txq.head) return s->txq.head;
+    return s->q.head;
+}
+
+static void destroy(rb_sqlite *s);
+
+static void arm_retry(rb_sqlite *s)
+{
+    s->retry_delay = s->retry_delay ? fmin(s->retry_delay * 2, RETRY_MAX) : RETRY_FIRST;
+    ev_timer_set(&s->retry, s->retry_delay, 0);
+    ev_timer_start(s->base.loop, &s->retry);
+    s->retry_armed = 1;
+}
+
+/* Runs queued jobs in order until the queue is empty, a transaction waits for its owner, or
+ * the database is busy (then a timer resumes). Callbacks that issue operations only append to
+ * the queue: the outer loop runs them. */
+static void pump(rb_sqlite *s)
+{
+    if (s->pumping || s->retry_armed || s->closed) return;
+    s->pumping = 1;
+    job *j;
+    while (!s->closed && (j = next_job(s)) != NULL) {
+        j->err[0] = 0;
+        j->failed = 0;
+        if (j->type->run(s, j) == JOB_BUSY) { arm_retry(s); break; }
+        s->retry_delay = 0;
+        queue_pop(queue_of(s, j));
+        finish(j, j->failed ? j->err : NULL);
+    }
+    s->pumping = 0;
+    if (s->closed) destroy(s);  /* a callback closed the store: free it now it is unused */
+}
+
+static void on_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    rb_sqlite *s = w->data;
+    s->retry_armed = 0;
+    pump(s);
+}
+
+static void submit(rb_sqlite *s, job *j)
+{
+    if (s->closed) { finish(j, "store closed"); return; }
+    if (j->oom) { finish(j, "sqlite: out of memory"); return; }
+    queue_push(queue_of(s, j), j);
+    pump(s);
+}
+
+static job *new_job(rb_sqlite *s, rb_tx *tx, const job_type *type, void *ud)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->type = type;
+    j->s = s;
+    j->tx = tx;
+    j->ud = ud;
+    return j;
+}
+
+/* --- the vtable ------------------------------------------------------------------------- */
+#define OOM "sqlite: out of memory"
+
+static job *enqueue_job(rb_sqlite *s, rb_tx *tx, const rb_enqueue_item *items, size_t n,
+                        rb_ids_cb cb, void *ud)
+{
+    job *j = new_job(s, tx, &T_ENQUEUE, ud);
+    if (!j) { cb(ud, OOM, NULL, 0); return NULL; }
+    j->cb.ids = cb;
+    j->nitems = n;
+    j->items = calloc(n + 1, sizeof *j->items);
+    j->idbuf = calloc(n + 1, sizeof *j->idbuf);
+    j->idp = calloc(n + 1, sizeof *j->idp);
+    if (!j->items || !j->idbuf || !j->idp) { j->oom = 1; return j; }
+    for (size_t i = 0; i < n; i++) {
+        j->items[i] = items[i];
+        j->items[i].topic = keep(j, items[i].topic);
+        j->items[i].payload = keep(j, items[i].payload ? items[i].payload : "null");
+        j->items[i].key = keep(j, items[i].key);
+        j->idp[i] = j->idbuf[i];
+    }
+    return j;
+}
+
+static void sq_enqueue(rb_store *base, const rb_enqueue_item *items, size_t n, rb_ids_cb cb,
+                       void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = enqueue_job(s, NULL, items, n, cb, ud);
+    if (j) submit(s, j);
+}
+
+static void sq_claim(rb_store *base, const rb_claim_req *req, rb_records_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_CLAIM, ud);
+    if (!j) { cb(ud, OOM, NULL, 0); return; }
+    j->cb.records = cb;
+    j->limit = req->limit;
+    j->num = sane_secs(req->lease_duration);
+    j->ntopics = req->ntopics;
+    j->topics = calloc(req->ntopics + 1, sizeof *j->topics);
+    if (!j->topics) j->oom = 1;
+    for (size_t i = 0; j->topics && i < req->ntopics; i++)
+        j->topics[i] = keep(j, req->topics[i] ? req->topics[i] : "");
+    submit(s, j);
+}
+
+/* The ops array (and its strings) must stay valid until the callback: results go into it. */
+static void sq_settle(rb_store *base, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_SETTLE, ud);
+    if (!j) { cb(ud, OOM); return; }
+    j->cb.done = cb;
+    j->ops = ops;
+    j->nops = n;
+    submit(s, j);
+}
+
+static void sq_get(rb_store *base, const char *id, rb_records_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_GET, ud);
+    if (!j) { cb(ud, OOM, NULL, 0); return; }
+    j->cb.records = cb;
+    j->id = keep(j, id);
+    submit(s, j);
+}
+
+static void sq_list(rb_store *base, const rb_list_req *req, rb_records_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_LIST, ud);
+    if (!j) { cb(ud, OOM, NULL, 0); return; }
+    j->cb.records = cb;
+    j->status = keep(j, req ? req->status : NULL);
+    j->topic = keep(j, req ? req->topic : NULL);
+    j->limit = req && req->limit ? req->limit : LIST_DEFAULT;
+    submit(s, j);
+}
+
+static void sq_stats(rb_store *base, rb_stats_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_STATS, ud);
+    if (!j) { cb(ud, OOM, NULL); return; }
+    j->cb.stats = cb;
+    submit(s, j);
+}
+
+static void sq_kick(rb_store *base, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_KICK, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->which = mode;
+    j->id = keep(j, id);
+    submit(s, j);
+}
+
+static void sq_purge(rb_store *base, const char *status, double older_than, size_t limit,
+                     rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_PURGE, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->status = keep(j, status);
+    j->num = older_than;
+    j->limit = limit;
+    submit(s, j);
+}
+
+static void lease_op(rb_store *base, int which, const char *name, const char *token,
+                     double duration, rb_lease_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_LEASE, ud);
+    if (!j) { cb(ud, OOM, 0, 0); return; }
+    j->cb.lease = cb;
+    j->which = which;
+    j->name = keep(j, name ? name : "");
+    j->token = keep(j, token ? token : "");
+    j->num = duration;
+    submit(s, j);
+}
+
+static void sq_lease_acquire(rb_store *s, const char *name, const char *token, double duration,
+                             rb_lease_cb cb, void *ud)
+{
+    lease_op(s, ST_LEASE_ACQUIRE, name, token, duration, cb, ud);
+}
+
+static void sq_lease_extend(rb_store *s, const char *name, const char *token, double duration,
+                            rb_lease_cb cb, void *ud)
+{
+    lease_op(s, ST_LEASE_EXTEND, name, token, duration, cb, ud);
+}
+
+static void sq_lease_release(rb_store *s, const char *name, const char *token, rb_lease_cb cb,
+                             void *ud)
+{
+    lease_op(s, ST_LEASE_RELEASE, name, token, 0, cb, ud);
+}
+
+static void sq_begin(rb_store *base, rb_tx_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_BEGIN, ud);
+    if (!j) { cb(ud, OOM, NULL); return; }
+    j->cb.tx = cb;
+    submit(s, j);
+}
+
+static void sq_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb cb,
+                          void *ud)
+{
+    job *j = enqueue_job(tx->s, tx, items, n, cb, ud);
+    if (j) submit(tx->s, j);
+}
+
+static job *stmt_job(rb_tx *tx, const job_type *type, const char *sql, const rb_value *params,
+                     size_t n, void *ud)
+{
+    job *j = new_job(tx->s, tx, type, ud);
+    if (!j) return NULL;
+    j->sql = keep(j, sql ? sql : "");
+    j->nparams = n;
+    j->params = calloc(n + 1, sizeof *j->params);
+    if (!j->params) { j->oom = 1; return j; }
+    for (size_t i = 0; i < n; i++) {
+        j->params[i] = params[i];
+        if (params[i].type == RB_VTEXT)
+            j->params[i].s = keep_n(j, params[i].s ? params[i].s : "", params[i].s ? params[i].len : 0);
+    }
+    return j;
+}
+
+static void sq_tx_exec(rb_tx *tx, const char *sql, const rb_value *params, size_t n,
+                       rb_count_cb cb, void *ud)
+{
+    job *j = stmt_job(tx, &T_EXEC, sql, params, n, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    submit(tx->s, j);
+}
+
+static void sq_tx_query(rb_tx *tx, const char *sql, const rb_value *params, size_t n,
+                        rb_rows_cb cb, void *ud)
+{
+    job *j = stmt_job(tx, &T_QUERY, sql, params, n, ud);
+    if (!j) { cb(ud, OOM, NULL); return; }
+    j->cb.rows = cb;
+    submit(tx->s, j);
+}
+
+/* complete (when given) must stay valid until the callback: its result goes into it. */
+static void sq_commit(rb_tx *tx, rb_settle_op *complete, rb_done_cb cb, void *ud)
+{
+    job *j = new_job(tx->s, tx, &T_COMMIT, ud);
+    if (!j) { cb(ud, OOM); return; }
+    j->cb.done = cb;
+    j->ops = complete;
+    submit(tx->s, j);
+}
+
+static void sq_rollback(rb_tx *tx, rb_done_cb cb, void *ud)
+{
+    job *j = new_job(tx->s, tx, &T_ROLLBACK, ud);
+    if (!j) { cb(ud, OOM); return; }
+    j->cb.done = cb;
+    submit(tx->s, j);
+}
+
+static void destroy(rb_sqlite *s)
+{
+    ev_timer_stop(s->base.loop, &s->retry);
+    for (int i = 0; i < ST_COUNT; i++) sqlite3_finalize(s->stmts[i]);
+    sqlite3_finalize(s->claim_sel);
+    free(s->tx);    /* closing the connection rolls an open transaction back */
+    sqlite3_close_v2(s->db);
+    free(s->base.table);
+    free(s);
+}
+
+/* Fails every queued job; callbacks that issue more operations get "store closed" at once. */
+static void fail_queue(queue *q)
+{
+    job *j;
+    while ((j = queue_pop(q)) != NULL) finish(j, "store closed");
+}
+
+static void sq_close(rb_store *base)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    if (s->closed) return;
+    s->closed = 1;
+    ev_timer_stop(s->base.loop, &s->retry);
+    s->retry_armed = 0;
+    fail_queue(&s->txq);
+    fail_queue(&s->q);
+    if (!s->pumping) destroy(s);    /* else pump frees it once the running callback returns */
+}
+
+static const rb_store_vtable sqlite_vt = {
+    .name = "sqlite",
+    .enqueue = sq_enqueue,
+    .claim = sq_claim,
+    .settle = sq_settle,
+    .get = sq_get,
+    .list = sq_list,
+    .stats = sq_stats,
+    .kick = sq_kick,
+    .purge = sq_purge,
+    .lease_acquire = sq_lease_acquire,
+    .lease_extend = sq_lease_extend,
+    .lease_release = sq_lease_release,
+    .begin = sq_begin,
+    .tx_enqueue = sq_tx_enqueue,
+    .tx_exec = sq_tx_exec,
+    .tx_query = sq_tx_query,
+    .tx_doc = NULL,
+    .commit = sq_commit,
+    .rollback = sq_rollback,
+    .set_wakeup = NULL,
+    .close = sq_close,
+};
+
+/* --- opening and migrations ------------------------------------------------------------- */
+/* The schema version recorded for this deliveries table (0 when none); -1 on error. */
+static int schema_version(sqlite3 *db, const char *table)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, "SELECT version FROM relaybus_schema WHERE name = ?1", -1, &st,
+                           NULL) != SQLITE_OK) return -1;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st), v = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? v : -1;
+}
+
+static int exec_template(sqlite3 *db, const char *tmpl, const char *table)
+{
+    char *sql = expand(tmpl, table);
+    if (!sql) return SQLITE_NOMEM;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    free(sql);
+    return rc;
+}
+
+static int record_version(sqlite3 *db, const char *table)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO relaybus_schema (name, version)"
+                                " VALUES (?1, ?2)", -1, &st, NULL);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, SCHEMA_VERSION);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* Applies the migrations this table lacks, in one transaction; idempotent. */
+static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
+{
+    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
+                          " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
+    int v = rc == SQLITE_OK ? schema_version(db, table) : -1;
+    if (v > SCHEMA_VERSION) {
+        snprintf(err, errlen, "sqlite: table '%s' has schema version %d, newer than this "
+                 "relaybus knows (%d)", table, v, SCHEMA_VERSION);
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    if (v < 0) rc = rc == SQLITE_OK ? SQLITE_ERROR : rc;
+    for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++)
+        rc = exec_template(db, migrations[i], table);
+    if (rc == SQLITE_OK && v < SCHEMA_VERSION) rc = record_version(db, table);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "sqlite: cannot create the schema of '%s': %s", table,
+                 sqlite3_errmsg(db));
+        if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* Without migrate the schema must already be there, at this version. */
+static int check_schema(sqlite3 *db, const char *table, char *err, size_t errlen)
+{
+    int v = schema_version(db, table);
+    if (v == SCHEMA_VERSION) return 0;
+    if (v > SCHEMA_VERSION)
+        snprintf(err, errlen, "sqlite: table '%s' has schema version %d, newer than this "
+                 "relaybus knows (%d)", table, v, SCHEMA_VERSION);
+    else
+        snprintf(err, errlen, "sqlite: the schema of table '%s' is missing or outdated "
+                 "(run relaybus migrate)", table);
+    return -1;
+}
+
+/* WAL lets several processes share the file (readers never wait for the writer). */
+static int configure(sqlite3 *db, const char *path, char *err, size_t errlen)
+{
+    sqlite3_busy_timeout(db, OPEN_TIMEOUT_MS);
+    if (sqlite3_db_readonly(db, "main") == 1) {
+        snprintf(err, errlen, "sqlite: database '%s' is read-only", path);
+        return -1;
+    }
+    if (sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "sqlite: %s '%s'", sqlite3_errmsg(db), path);
+        return -1;
+    }
+    return 0;
+}
+
+rb_store *rb_sqlite_open(struct ev_loop *loop, const char *path, const rb_store_options *opts,
+                         char *err, size_t errlen)
+{
+    const char *table = opts && opts->table ? opts->table : "relaybus_deliveries";
+    if (!rb_valid_identifier(table)) {
+        snprintf(err, errlen, "invalid table name '%s' (letters, digits and _ only)", table);
+        return NULL;
+    }
+    rb_sqlite *s = calloc(1, sizeof *s);
+    if (!s || !(s->base.table = strdup(table))) {
+        free(s);
+        snprintf(err, errlen, OOM);
+        return NULL;
+    }
+    s->base.vt = &sqlite_vt;
+    s->base.loop = loop;
+    ev_timer_init(&s->retry, on_retry, 0, 0);
+    s->retry.data = s;
+    int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    if (rc != SQLITE_OK)
+        snprintf(err, errlen, "sqlite: %s '%s'", s->db ? sqlite3_errmsg(s->db)
+                                                       : sqlite3_errstr(rc), path);
+    if (rc != SQLITE_OK || configure(s->db, path, err, errlen) != 0 ||
+        (opts && !opts->migrate ? check_schema(s->db, table, err, errlen)
+                                : migrate(s->db, table, err, errlen)) != 0) {
+        sqlite3_close_v2(s->db);
+        free(s->base.table);
+        free(s);
+        return NULL;
+    }
+    sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
+    return &s->base;
 }
