@@ -1,6 +1,7 @@
 /* http.c -- the HTTP transport: one libcurl multi handle per rb_http, driven by the host's
  * libev loop. curl tells us which sockets to watch (one ev_io each) and when to wake it (one
  * ev_timer); we call curl_multi_socket_action on events and collect finished transfers. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -397,8 +398,12 @@ static void describe_error(rb_http_transfer *t, CURLcode rc, char *msg, size_t l
     else if (rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_PEER_FAILED_VERIFICATION ||
              rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_SSL_CERTPROBLEM)
         snprintf(msg, len, "TLS: %s", detail);
-    else
+    else {
         snprintf(msg, len, "%s", detail);
+        /* curl capitalises ("Could not resolve host"); our messages read as one clause */
+        if (isupper((unsigned char)msg[0]) && islower((unsigned char)msg[1]))
+            msg[0] = (char)tolower((unsigned char)msg[0]);
+    }
     one_line(msg);
 }
 
