@@ -17,6 +17,7 @@
 #define RETRY_GIVE_UP   30.0    /* ... until the job fails */
 #define SCHEMA_VERSION  1
 #define LIST_DEFAULT    100
+#define PUMP_BATCH      256     /* jobs run in one go before the loop gets a turn */
 
 /* Column order read by read_delivery. */
 #define COLS "id, topic, payload, key, status, attempts, max_attempts, fence, run_at, " \
@@ -453,9 +454,9 @@ static int tx_gone(rb_sqlite *s, job *j)
 static job_rc run_enqueue(rb_sqlite *s, job *j)
 {
     if (j->tx && tx_gone(s, j)) return JOB_DONE;
-    double now = rb_wall_time();
     j->notify = 0;
     int rc = scope_begin(s, j);
+    double now = rb_wall_time();
     for (size_t i = 0; rc == SQLITE_OK && i < j->nitems; i++)
         rc = enqueue_one(s, j, &j->items[i], now, j->idbuf[i]);
     rc = scope_end(s, j, rc);
@@ -544,12 +545,12 @@ static job_rc run_claim(rb_sqlite *s, job *j)
 {
     free_records(j);    /* left over from an attempt that hit SQLITE_BUSY */
     if (!j->ntopics || !j->limit) return JOB_DONE;
-    double now = rb_wall_time();
     char token[33];
     rb_random_token(token);
     cand *c = NULL;
     size_t n = 0;
     int rc = scope_begin(s, j);
+    double now = rb_wall_time();    /* after the lock wait, so the lease is not shortened */
     if (rc == SQLITE_OK) rc = claim_candidates(s, j, now, &c, &n);
     for (size_t i = 0; rc == SQLITE_OK && i < n; i++)
         rc = c[i].bury ? claim_bury(s, j, c[i].id, now)
@@ -597,8 +598,8 @@ static int settle_one(rb_sqlite *s, job *j, rb_settle_op *op, double now)
 
 static job_rc run_settle(rb_sqlite *s, job *j)
 {
-    double now = rb_wall_time();
     int rc = scope_begin(s, j);
+    double now = rb_wall_time();
     for (size_t i = 0; rc == SQLITE_OK && i < j->nops; i++)
         rc = settle_one(s, j, &j->ops[i], now);
     rc = scope_end(s, j, rc);
@@ -1002,23 +1003,31 @@ static job *next_job(rb_sqlite *s)
 
 static void destroy(rb_sqlite *s);
 
-static void arm_retry(rb_sqlite *s)
+/* Resumes the queue from the loop after `delay` s. */
+static void schedule(rb_sqlite *s, double delay)
 {
-    s->retry_delay = s->retry_delay ? fmin(s->retry_delay * 2, RETRY_MAX) : RETRY_FIRST;
-    ev_timer_set(&s->retry, s->retry_delay, 0);
+    ev_timer_set(&s->retry, delay, 0);
     ev_timer_start(s->base.loop, &s->retry);
     s->retry_armed = 1;
 }
 
+static void arm_retry(rb_sqlite *s)
+{
+    s->retry_delay = s->retry_delay ? fmin(s->retry_delay * 2, RETRY_MAX) : RETRY_FIRST;
+    schedule(s, s->retry_delay);
+}
+
 /* Runs queued jobs in order until the queue is empty, a transaction waits for its owner, or
  * the database is busy (then a timer resumes). Callbacks that issue operations only append to
- * the queue: the outer loop runs them. */
+ * the queue: the outer loop runs them, and after a batch lets the event loop have a turn. */
 static void pump(rb_sqlite *s)
 {
     if (s->pumping || s->retry_armed || s->closed) return;
     s->pumping = 1;
     job *j;
+    int ran = 0;
     while (!s->closed && (j = next_job(s)) != NULL) {
+        if (++ran > PUMP_BATCH) { schedule(s, 0); break; }
         j->err[0] = 0;
         j->failed = 0;
         if (j->type->run(s, j) == JOB_BUSY) { arm_retry(s); break; }
@@ -1410,11 +1419,13 @@ static int configure(sqlite3 *db, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "sqlite: database '%s' is read-only", path);
         return -1;
     }
-    if (sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) != SQLITE_OK) {
+    int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) & 0xff;
+    if (rc == SQLITE_READONLY || rc == SQLITE_CANTOPEN || rc == SQLITE_PERM)
+        snprintf(err, errlen, "sqlite: cannot use '%s' in WAL mode (%s; the file and its "
+                 "directory must be writable)", path, sqlite3_errmsg(db));
+    else if (rc != SQLITE_OK)
         snprintf(err, errlen, "sqlite: %s '%s'", sqlite3_errmsg(db), path);
-        return -1;
-    }
-    return 0;
+    return rc == SQLITE_OK ? 0 : -1;
 }
 
 rb_store *rb_sqlite_open(struct ev_loop *loop, const char *path, const rb_store_options *opts,
