@@ -1,0 +1,202 @@
+-- abort_spec.lua -- a run stops at its deadline: pending waits end at once with nil, "aborted"
+-- and new ones fail the same way, Lua that spins is interrupted by the count hook, ctx.deadline,
+-- ctx.signal:check(), on_abort, and ctx:extend_lease. Run per store.
+local S = require "spec.support.stores"
+local H = require "spec.support.harness"
+local relaybus = S.relaybus()
+
+local GRACE = 0.1  -- the contract's grace between an abort and the interruption of spinning Lua
+local TOL = 0.3    -- scheduling slack on a loaded machine
+
+for _, entry in ipairs(S.list()) do
+  describe("abort on " .. entry.name .. ":", function()
+    local store, url, opts
+    before_each(function() store, url, opts = S.open(entry) end)
+    after_each(function()
+      S.kill_all()
+      if store then store:close() end
+      store = nil
+    end)
+    teardown(function() S.cleanup() end)
+
+    -- One delivery on `topic`, one handler; the dispatcher stops when the run has settled.
+    local function run_one(topic, handler, hopts, dopts, enq)
+      local id = assert(store:enqueue(topic, 1, enq or { max_attempts = 1 }))
+      local d = H.dispatcher(store, dopts)
+      local stop = H.stopper(d, 10)
+      d:handle(topic, function(delivery, ctx)
+        stop()
+        return handler(delivery, ctx)
+      end, hopts)
+      local ok = H.run(d, 15)
+      assert.is_true(ok, "the run did not settle")
+      return id
+    end
+
+    it("ctx:sleep returns nil, \"aborted\" at the deadline of the run's timeout", function()
+      local a, b, t0, t1, deadline
+      run_one("ab.sleep", function(delivery, ctx)
+        t0 = relaybus.now()
+        deadline = ctx.deadline
+        a, b = ctx:sleep(5)
+        t1 = relaybus.now()
+      end, { timeout = 0.3 })
+      assert.is_nil(a)
+      assert.equal("aborted", b)
+      assert.is_true(t1 - t0 >= 0.25 and t1 - t0 <= 0.3 + TOL,
+        string.format("sleep ended %.3f s in, the timeout is 0.3", t1 - t0))
+      H.near(deadline, t1, 0.1 + TOL, "end of the sleep against ctx.deadline")
+    end)
+
+    it("ctx.deadline is monotonic: start + timeout with a timeout, within the lease without", function()
+      local with, without
+      local id1 = assert(store:enqueue("ab.dl1", 1))
+      local id2 = assert(store:enqueue("ab.dl2", 1))
+      local d = H.dispatcher(store, { lease_duration = 3 })
+      local stop = H.stopper(d)
+      local n = 0
+      local function count() n = n + 1; if n == 2 then stop() end end
+      d:handle("ab.dl1", function(delivery, ctx) with = ctx.deadline - relaybus.now(); count() end,
+        { timeout = 0.5 })
+      d:handle("ab.dl2", function(delivery, ctx) without = ctx.deadline - relaybus.now(); count() end)
+      assert.is_true(H.run(d, 10))
+      assert.is_true(with > 0.3 and with <= 0.5, "deadline - now with a 0.5 s timeout: " .. with)
+      assert.is_true(without > 1 and without <= 3, "deadline - now with a 3 s lease: " .. without)
+      assert.equal("completed", assert(store:get(id1)).status)
+      assert.equal("completed", assert(store:get(id2)).status)
+    end)
+
+    it("after an abort, store calls, sleeps and settles return nil, \"aborted\" at once", function()
+      local res = {}
+      local id = run_one("ab.after", function(delivery, ctx)
+        ctx:sleep(5)
+        local t0 = relaybus.now()
+        res.get = table.pack(store:get(delivery.id))
+        res.enqueue = table.pack(store:enqueue("ab.other", 1))
+        res.stats = table.pack(store:stats())
+        res.sleep = table.pack(ctx:sleep(1))
+        res.rsleep = table.pack(relaybus.sleep(1))
+        res.complete = table.pack(ctx:complete())
+        res.took = relaybus.now() - t0
+      end, { timeout = 0.2 })
+      for _, k in ipairs { "get", "enqueue", "stats", "sleep", "rsleep", "complete" } do
+        assert.is_nil(res[k][1], k .. " returned a result")
+        assert.equal("aborted", res[k][2], k)
+      end
+      assert.is_true(res.took < 0.5, "the calls after the abort took " .. res.took .. " s")
+      local r = assert(store:get(id))
+      assert.equal("buried", r.status)
+      assert.equal("timeout", r.last_error)
+      assert.equal(1, (H.total(store)), "the aborted run's enqueue was written")
+    end)
+
+    if entry.name ~= "mongodb" then
+      it("a store call waiting on a locked store ends at the deadline with nil, \"aborted\"", function()
+        local ready = S.tmpfile("locked")
+        local got, t_call, t_end, deadline
+        run_one("ab.locked", function(delivery, ctx)
+          S.spawn(S.support .. "/locker.lua", { url, opts.table or "-", "3", ready })
+          H.poll(function() return S.exists(ready) end, 5)
+          deadline = ctx.deadline
+          t_call = relaybus.now()
+          got = table.pack(store:enqueue("ab.blocked", 1))
+          t_end = relaybus.now()
+        end, { timeout = 1.0 })
+        assert.is_nil(got[1], "the enqueue went through a locked store")
+        assert.equal("aborted", got[2])
+        H.near(deadline, t_end, 0.15 + TOL, "end of the blocked call against ctx.deadline")
+      end)
+    end
+
+    it("a handler spinning in pure Lua is interrupted after its timeout, as a raise with last_error \"timeout\"", function()
+      local t0
+      local id = run_one("ab.spin", function(delivery, ctx)
+        t0 = relaybus.now()
+        while true do end
+      end, { timeout = 0.3 })
+      local took = relaybus.now() - t0
+      assert.is_true(took <= 0.3 + GRACE + TOL + 0.2, string.format("the spin ran %.3f s", took))
+      local r = assert(store:get(id))
+      assert.equal("buried", r.status)
+      assert.equal("timeout", r.last_error)
+    end)
+
+    it("a spinning handler that catches the interruption with pcall is interrupted again", function()
+      local caught
+      local id = run_one("ab.pcall", function(delivery, ctx)
+        caught = not pcall(function() while true do end end)
+        while true do end
+      end, { timeout = 0.3 })
+      assert.is_true(caught)
+      local r = assert(store:get(id))
+      assert.equal("buried", r.status)
+      assert.equal("timeout", r.last_error)
+    end)
+
+    it("a handler spinning past its lease is aborted with reason lease and writes nothing", function()
+      local reason, fence
+      local id = run_one("ab.lease", function(delivery, ctx)
+        fence = delivery.fence
+        ctx.signal:on_abort(function(r) reason = r end)
+        while true do end
+      end, nil, { lease_duration = 0.6 }, { max_attempts = 5 })
+      assert.equal("lease", reason)
+      local r = assert(store:get(id))
+      assert.equal("processing", r.status, "the run that lost its lease wrote its outcome")
+      assert.equal(fence, r.fence)
+      assert.is_nil(r.last_error)
+    end)
+
+    it("ctx.signal:check() does nothing before the abort and raises after it", function()
+      local before, after, aborted_flag
+      run_one("ab.check", function(delivery, ctx)
+        before = pcall(ctx.signal.check, ctx.signal)
+        assert.is_false(ctx.signal.aborted)
+        ctx:sleep(5)
+        aborted_flag = ctx.signal.aborted
+        after = table.pack(pcall(ctx.signal.check, ctx.signal))
+      end, { timeout = 0.2 })
+      assert.is_true(before)
+      assert.is_true(aborted_flag)
+      assert.is_false(after[1])
+      assert.is_not_nil(after[2])
+    end)
+
+    it("on_abort calls fn(reason) once, on abort, and never for a run that ends well", function()
+      local calls = {}
+      run_one("ab.hook", function(delivery, ctx)
+        ctx.signal:on_abort(function(reason) calls[#calls + 1] = reason end)
+        ctx:sleep(5)
+        ctx:sleep(1)
+        ctx.signal:check()
+      end, { timeout = 0.2 })
+      assert.same({ "timeout" }, calls)
+      local quiet = 0
+      run_one("ab.nohook", function(delivery, ctx)
+        ctx.signal:on_abort(function() quiet = quiet + 1 end)
+      end)
+      assert.equal(0, quiet)
+    end)
+
+    it("ctx:extend_lease renews the lease and moves ctx.deadline; after an abort it returns nil", function()
+      local before, after, ok, expires, t0, late
+      local id = run_one("ab.extend", function(delivery, ctx)
+        before = ctx.deadline - relaybus.now()
+        t0 = relaybus.time()
+        ok = ctx:extend_lease(20)
+        after = ctx.deadline - relaybus.now()
+        expires = assert(store:get(delivery.id)).lease_expires_at
+        ctx:sleep(5)
+        late = table.pack(ctx:extend_lease(20))
+      end, { timeout = 2.5 }, { lease_duration = 1 })
+      assert.is_true(ok)
+      assert.is_true(before <= 1)
+      H.near(t0 + 20, expires, 2, "lease_expires_at after extend_lease(20)")
+      -- the timeout still bounds the run
+      assert.is_true(after > 1 and after <= 2.5, "deadline - now after extend_lease: " .. after)
+      assert.is_nil(late[1])
+      assert.is_not_nil(late[2])
+      assert.equal("timeout", assert(store:get(id)).last_error)
+    end)
+  end)
+end
