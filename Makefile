@@ -33,6 +33,19 @@ $(BUILD)/cli_lua.h: cmd/cli.lua scripts/embed.lua
 	@mkdir -p $(BUILD)
 	lua5.4 scripts/embed.lua cli_lua $< > $@
 
+# The module's Lua parts are compiled in as well.
+$(BUILD)/prelude_lua.h: bindings/lua/prelude.lua scripts/embed.lua
+	@mkdir -p $(BUILD)
+	lua5.4 scripts/embed.lua prelude_lua $< > $@
+
+$(BUILD)/webhook_lua.h: bindings/lua/webhook.lua scripts/embed.lua
+	@mkdir -p $(BUILD)
+	lua5.4 scripts/embed.lua webhook_lua $< > $@
+
+$(BUILD)/bindings/module.o: bindings/module.c $(BUILD)/prelude_lua.h $(BUILD)/webhook_lua.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
 $(BUILD)/cmd/main.o: cmd/main.c $(BUILD)/cli_lua.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@

@@ -1,0 +1,712 @@
+/* lua_dispatcher.c -- relaybus.dispatcher in Lua: handlers as coroutines, their ctx and
+ * ctx.signal, stop and its waitable.
+ *
+ * Each run of a delivery is a task (task.c) whose coroutine calls the handler with the
+ * delivery table and a ctx. The dispatcher (runtime/dispatcher.c) tells us when to start,
+ * when the run is aborted and when it has settled; we tell it when the handler ended. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+#include "log.h"
+
+typedef struct stop_wait {
+    rb_await *w;
+    struct stop_wait *next;
+} stop_wait;
+
+typedef struct lua_dispatcher {
+    rb_dispatcher *d;
+    rb_module *m;
+    int store_ref;          /* keeps the store userdata alive */
+    int backoff_ref;        /* Lua backoff function, or LUA_NOREF */
+    int self_ref;           /* keeps us alive while running or while runs are unsettled */
+    int started, stopped;
+    stop_wait *waits;
+    struct lua_dispatcher *next;
+} lua_dispatcher;
+
+typedef struct lua_handler {
+    lua_dispatcher *ld;
+    int fn_ref;
+} lua_handler;
+
+typedef struct lua_ctx {
+    rb_task *task;          /* NULL once the run settled */
+    rb_run *run;            /* NULL once the run settled */
+} lua_ctx;
+
+/* per-run data attached with rb_run_set_data */
+typedef struct run_data {
+    rb_task *task;
+    lua_ctx *ctx;
+    int ctx_ref;
+    int settled;
+    lua_handler *h;
+} run_data;
+
+/* ---- signal ------------------------------------------------------------------------------- */
+rb_signal *rb_signal_push(lua_State *L, rb_module *m)
+{
+    rb_signal *s = lua_newuserdatauv(L, sizeof *s, 1);
+    memset(s, 0, sizeof *s);
+    s->m = m;
+    s->callbacks_ref = LUA_NOREF;
+    luaL_setmetatable(L, RB_SIGNAL_MT);
+    return s;
+}
+
+typedef struct abort_call {
+    ev_timer timer;
+    rb_module *m;
+    int fn_ref;
+    const char *reason;
+} abort_call;
+
+/* on_abort callbacks run from the loop, as tasks, never inside the code being aborted. */
+static void on_abort_call(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    abort_call *c = w->data;
+    rb_module *m = c->m;
+    if (!m->closing) {
+        lua_State *L = m->L;
+        lua_pushcfunction(L, rb_lua_spawn);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, c->fn_ref);
+        lua_pushstring(L, c->reason);
+        if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+            rb_log(RB_LOG_ERROR, "on_abort callback failed: %s", lua_tostring(L, -1));
+            lua_pop(L, 1);
+        }
+        luaL_unref(L, LUA_REGISTRYINDEX, c->fn_ref);
+    }
+    free(c);
+}
+
+static void schedule_abort_call(rb_module *m, int fn_ref, const char *reason)
+{
+    abort_call *c = calloc(1, sizeof *c);
+    if (!c) return;
+    c->m = m;
+    c->fn_ref = fn_ref;
+    c->reason = reason;
+    ev_timer_init(&c->timer, on_abort_call, 0, 0);
+    c->timer.data = c;
+    ev_timer_start(m->loop, &c->timer);
+}
+
+void rb_signal_fire(rb_signal *s, rb_abort_reason reason)
+{
+    if (s->reason) return;
+    s->reason = reason;
+    s->reason_name = rb_abort_reason_name(reason);
+    if (s->callbacks_ref == LUA_NOREF || s->m->closing) return;
+    lua_State *L = s->m->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->callbacks_ref);
+    int n = (int)lua_rawlen(L, -1);
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, -1, i);
+        schedule_abort_call(s->m, luaL_ref(L, LUA_REGISTRYINDEX), s->reason_name);
+    }
+    lua_pop(L, 1);
+    luaL_unref(L, LUA_REGISTRYINDEX, s->callbacks_ref);
+    s->callbacks_ref = LUA_NOREF;
+}
+
+static int l_signal_index(lua_State *L)
+{
+    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "aborted") == 0) {
+        lua_pushboolean(L, s->reason != RB_ABORT_NONE);
+        return 1;
+    }
+    if (strcmp(k, "reason") == 0) {
+        if (s->reason_name) lua_pushstring(L, s->reason_name);
+        else lua_pushnil(L);
+        return 1;
+    }
+    lua_getmetatable(L, 1);
+    lua_getfield(L, -1, "methods");
+    lua_getfield(L, -1, k);
+    return 1;
+}
+
+/* The signal of a run also checks the clock when read through check(). */
+static int l_signal_check(lua_State *L)
+{
+    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    rb_task *t = rb_task_current(L);
+    if (t && t->signal == s) rb_task_is_aborted(t);
+    if (s->reason) return luaL_error(L, "relaybus: aborted (%s)", s->reason_name);
+    return 0;
+}
+
+static int l_signal_on_abort(lua_State *L)
+{
+    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (s->reason) {
+        lua_pushvalue(L, 2);
+        schedule_abort_call(s->m, luaL_ref(L, LUA_REGISTRYINDEX), s->reason_name);
+        return 0;
+    }
+    if (s->callbacks_ref == LUA_NOREF) {
+        lua_newtable(L);
+        s->callbacks_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->callbacks_ref);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    return 0;
+}
+
+static int l_signal_gc(lua_State *L)
+{
+    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    if (s->callbacks_ref != LUA_NOREF && !s->m->closing)
+        luaL_unref(L, LUA_REGISTRYINDEX, s->callbacks_ref);
+    s->callbacks_ref = LUA_NOREF;
+    return 0;
+}
+
+/* ---- ctx ---------------------------------------------------------------------------------- */
+static lua_ctx *check_ctx(lua_State *L)
+{
+    return luaL_checkudata(L, 1, RB_CTX_MT);
+}
+
+static void on_settle_result(void *ud, const char *err, int applied)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T) {
+        if (applied) {
+            lua_pushboolean(T, 1);
+            nres = 1;
+        } else {
+            lua_pushnil(T);
+            lua_pushstring(T, err ? err : "lease lost");
+            nres = 2;
+        }
+    }
+    rb_await_resolve(w, nres);
+}
+
+static int ctx_settle(lua_State *L, rb_settle_kind kind, double delay, const char *reason)
+{
+    lua_ctx *c = check_ctx(L);
+    if (!c->run) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "aborted");
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    rb_run_settle(c->run, kind, delay, reason, on_settle_result, w);
+    return rb_await_finish(L, w);
+}
+
+static int l_ctx_complete(lua_State *L) { return ctx_settle(L, RB_OP_COMPLETE, 0, NULL); }
+
+static int l_ctx_reschedule(lua_State *L)
+{
+    double delay = luaL_checknumber(L, 2);
+    const char *reason = luaL_optstring(L, 3, NULL);
+    if (!(delay >= 0)) return rb_misuse(L, "reschedule: delay must be >= 0");
+    return ctx_settle(L, RB_OP_RESCHEDULE, delay, reason);
+}
+
+static int l_ctx_bury(lua_State *L)
+{
+    const char *reason = luaL_optstring(L, 2, NULL);
+    return ctx_settle(L, RB_OP_BURY, 0, reason);
+}
+
+static int l_ctx_release(lua_State *L)
+{
+    double delay = luaL_optnumber(L, 2, 0);
+    if (!(delay >= 0)) return rb_misuse(L, "release: delay must be >= 0");
+    return ctx_settle(L, RB_OP_RELEASE, delay, NULL);
+}
+
+static int l_ctx_extend_lease(lua_State *L)
+{
+    double secs = luaL_optnumber(L, 2, 0);
+    if (!(secs >= 0)) return rb_misuse(L, "extend_lease: duration must be >= 0");
+    return ctx_settle(L, RB_OP_EXTEND, secs, NULL);
+}
+
+static int l_ctx_index(lua_State *L)
+{
+    lua_ctx *c = check_ctx(L);
+    const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "signal") == 0) {
+        lua_getiuservalue(L, 1, 1);
+        return 1;
+    }
+    if (strcmp(k, "transaction") == 0) {
+        lua_getiuservalue(L, 1, 2);
+        return 1;
+    }
+    if (strcmp(k, "delivery") == 0) {
+        lua_getiuservalue(L, 1, 3);
+        return 1;
+    }
+    if (strcmp(k, "deadline") == 0) {
+        if (c->run) lua_pushnumber(L, rb_run_deadline(c->run));
+        else lua_pushnumber(L, rb_monotonic());
+        return 1;
+    }
+    lua_getmetatable(L, 1);
+    lua_getfield(L, -1, "methods");
+    lua_getfield(L, -1, k);
+    return 1;
+}
+
+/* ---- handler callbacks from the dispatcher ------------------------------------------------- */
+static void free_run_data(run_data *rd)
+{
+    rb_module *m = rd->h->ld->m;
+    if (!m->closing) {
+        if (rd->task) luaL_unref(m->L, LUA_REGISTRYINDEX, rd->task->co_ref);
+        luaL_unref(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
+    }
+    free(rd->task);
+    free(rd);
+}
+
+static void on_handler_end(rb_task *t, int ok, const char *err)
+{
+    run_data *rd = t->ud;
+    rb_run *run = t->run;
+    rb_module *m = t->m;
+    /* The handler's transaction object is unusable from here on. */
+    if (!m->closing) {
+        lua_rawgeti(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
+        lua_getiuservalue(m->L, -1, 2);
+        rb_tx_invalidate(m->L, -1);
+        lua_pop(m->L, 2);
+    }
+    if (!ok && rb_log_enabled(RB_LOG_DEBUG))
+        rb_log(RB_LOG_DEBUG, "handler of %s raised: %s", rb_run_delivery(run)->id, err);
+    rb_run_finish(run, ok, err);    /* may settle (and free rd) before it returns */
+}
+
+static void on_bad_payload_buried(void *ud, const char *err, int applied)
+{
+    rb_run *run = ud;
+    rb_run_finish(run, applied, applied ? NULL : err);
+}
+
+static void handler_start(rb_run *run, void *ud)
+{
+    lua_handler *h = ud;
+    rb_module *m = h->ld->m;
+    lua_State *L = m->L;
+    const rb_delivery *del = rb_run_delivery(run);
+
+    /* A payload that is not JSON (a row written by hand) can never succeed: bury it. */
+    rb_push_record(L, m, del);
+    lua_getfield(L, -1, "payload_error");
+    if (!lua_isnil(L, -1)) {
+        const char *why = lua_tostring(L, -1);
+        rb_run_set_data(run, NULL);
+        rb_run_settle(run, RB_OP_BURY, 0, why, on_bad_payload_buried, run);
+        lua_pop(L, 2);
+        return;
+    }
+    lua_pop(L, 1);
+    int rec = lua_gettop(L);
+
+    run_data *rd = calloc(1, sizeof *rd);
+    if (!rd) {
+        lua_pop(L, 1);
+        rb_run_finish(run, 0, "out of memory");
+        return;
+    }
+    rd->h = h;
+    rb_task *t = rb_task_new(m, L, 2);
+    t->run = run;
+    t->ud = rd;
+    t->on_end = on_handler_end;
+    rd->task = t;
+
+    lua_ctx *c = lua_newuserdatauv(L, sizeof *c, 3);
+    c->task = t;
+    c->run = run;
+    luaL_setmetatable(L, RB_CTX_MT);
+    t->signal = rb_signal_push(L, m);
+    lua_setiuservalue(L, -2, 1);
+    if (rb_run_tx(run)) {
+        rb_push_tx(L, rb_dispatcher_store(rb_run_dispatcher(run)), rb_run_tx(run), 0);
+        lua_setiuservalue(L, -2, 2);
+    }
+    lua_pushvalue(L, rec);
+    lua_setiuservalue(L, -2, 3);
+    rd->ctx = c;
+    lua_pushvalue(L, -1);
+    rd->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    rb_run_set_data(run, rd);
+
+    /* the coroutine's stack: handler, delivery, ctx */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->fn_ref);
+    lua_pushvalue(L, rec);
+    lua_pushvalue(L, -3);
+    lua_xmove(L, t->co, 3);
+    lua_pop(L, 2);          /* ctx and the record */
+    rb_task_install_hook(t);
+    rb_task_start(t, 2);
+}
+
+static void handler_abort(rb_run *run, rb_abort_reason reason, void *ud)
+{
+    (void)ud;
+    run_data *rd = rb_run_get_data(run);
+    if (!rd || !rd->task || rd->task->done) return;
+    rb_task *t = rd->task;
+    t->abort_at = rb_monotonic();
+    if (t->signal) rb_signal_fire(t->signal, reason);
+    rb_task_abort(t);
+}
+
+static void handler_settled(rb_run *run, void *ud)
+{
+    (void)ud;
+    run_data *rd = rb_run_get_data(run);
+    if (!rd) return;
+    rb_run_set_data(run, NULL);
+    rd->ctx->run = NULL;
+    rd->ctx->task = NULL;
+    rd->task->run = NULL;
+    rd->task->signal = NULL;
+    /* The coroutine has ended (finish comes before settle), so the task can go. */
+    free_run_data(rd);
+}
+
+static void handler_free(void *ud)
+{
+    lua_handler *h = ud;
+    if (!h->ld->m->closing) luaL_unref(h->ld->m->L, LUA_REGISTRYINDEX, h->fn_ref);
+    free(h);
+}
+
+/* ---- the dispatcher object ------------------------------------------------------------------- */
+static lua_dispatcher *check_dispatcher(lua_State *L, int idx)
+{
+    lua_dispatcher *ld = luaL_checkudata(L, idx, RB_DISPATCHER_MT);
+    if (!ld->d) rb_misuse(L, "dispatcher is closed");
+    return ld;
+}
+
+static double lua_backoff(int attempts, void *ud)
+{
+    lua_dispatcher *ld = ud;
+    lua_State *L = ld->m->L;
+    if (ld->m->closing) return 1;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->backoff_ref);
+    lua_pushinteger(L, attempts);
+    double s = pow(2.0, attempts);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+        rb_log(RB_LOG_ERROR, "backoff function failed: %s", lua_tostring(L, -1));
+    } else if (lua_isnumber(L, -1)) {
+        s = lua_tonumber(L, -1);
+    } else {
+        rb_log(RB_LOG_ERROR, "backoff function returned %s, not a number", luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+    return s > 3600 * 24 * 365 ? 3600 * 24 * 365 : s;
+}
+
+static void on_stopped(rb_dispatcher *d, void *ud)
+{
+    lua_dispatcher *ld = ud;
+    rb_module *m = ld->m;
+    ld->stopped = 1;
+    m->ndispatchers_running--;
+    ev_break(m->loop, EVBREAK_ONE);     /* relaybus.run() may be waiting for this */
+    if (m->closing) return;
+    /* Runs still unsettled at the stop's end are abandoned; their transfers are cut too. */
+    if (rb_dispatcher_active(d) > 0) rb_module_run_cut_hooks(m);
+    stop_wait *sw = ld->waits;
+    ld->waits = NULL;
+    while (sw) {
+        stop_wait *next = sw->next;
+        lua_State *T = rb_await_target(sw->w);
+        if (T) lua_pushboolean(T, 1);
+        rb_await_resolve(sw->w, T ? 1 : 0);
+        free(sw);
+        sw = next;
+    }
+}
+
+static const char *const dispatcher_opts[] = {
+    "lease_duration", "shutdown_timeout", "concurrency", "poll_interval", "backoff",
+    "retention", NULL};
+
+int rb_lua_dispatcher_new(lua_State *L)
+{
+    rb_lua_check_store(L, 1);
+    rb_check_options(L, 2, "dispatcher", dispatcher_opts);
+    rb_module *m = rb_module_get(L);
+    rb_dispatcher_options o;
+    rb_dispatcher_options_init(&o);
+    o.lease_duration = rb_opt_number(L, 2, "lease_duration", o.lease_duration);
+    o.shutdown_timeout = rb_opt_number(L, 2, "shutdown_timeout", o.shutdown_timeout);
+    o.poll_interval = rb_opt_number(L, 2, "poll_interval", o.poll_interval);
+    double conc = rb_opt_number(L, 2, "concurrency", o.concurrency);
+    if (!(o.lease_duration > 0)) rb_misuse(L, "dispatcher: lease_duration must be > 0");
+    if (!(o.shutdown_timeout >= 0)) rb_misuse(L, "dispatcher: shutdown_timeout must be >= 0");
+    if (!(o.poll_interval > 0)) rb_misuse(L, "dispatcher: poll_interval must be > 0");
+    if (!(conc >= 1) || conc != floor(conc) || conc > 1e6)
+        rb_misuse(L, "dispatcher: concurrency must be a positive integer");
+    o.concurrency = (int)conc;
+    lua_dispatcher *ld = lua_newuserdatauv(L, sizeof *ld, 1);
+    memset(ld, 0, sizeof *ld);
+    ld->m = m;
+    ld->backoff_ref = LUA_NOREF;
+    ld->self_ref = LUA_NOREF;
+    luaL_setmetatable(L, RB_DISPATCHER_MT);
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "backoff");
+        if (lua_isfunction(L, -1)) {
+            ld->backoff_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+            o.backoff = lua_backoff;
+            o.backoff_ud = ld;
+        } else if (!lua_isnil(L, -1)) {
+            rb_misuse(L, "dispatcher: backoff must be a function");
+        } else {
+            lua_pop(L, 1);
+        }
+    }
+    o.on_stopped = on_stopped;
+    o.on_stopped_ud = ld;
+    lua_pushvalue(L, 1);
+    ld->store_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    ld->d = rb_dispatcher_new(rb_lua_check_store(L, 1), &o);
+    if (!ld->d) return luaL_error(L, "relaybus: out of memory");
+    ld->next = m->dispatchers;
+    m->dispatchers = ld;
+    return 1;
+}
+
+static const char *const handle_opts[] = {"transactional", "timeout", NULL};
+
+static int l_handle(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    const char *topic = luaL_checkstring(L, 2);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    rb_check_options(L, 4, "handle", handle_opts);
+    if (ld->started) return rb_misuse(L, "handle: the dispatcher has already started");
+    rb_handler_def def = {0};
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "transactional");
+        def.transactional = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        def.timeout = rb_opt_number(L, 4, "timeout", 0);
+        if (def.timeout < 0) return rb_misuse(L, "handle: timeout must be > 0");
+    }
+    lua_handler *h = calloc(1, sizeof *h);
+    if (!h) return luaL_error(L, "relaybus: out of memory");
+    h->ld = ld;
+    lua_pushvalue(L, 3);
+    h->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    def.start = handler_start;
+    def.abort = handler_abort;
+    def.settled = handler_settled;
+    def.free = handler_free;
+    def.ud = h;
+    if (rb_dispatcher_handle(ld->d, topic, &def) != 0) {
+        luaL_unref(L, LUA_REGISTRYINDEX, h->fn_ref);
+        free(h);
+        return rb_misuse(L, "handle: topic '%s' already has a handler", topic);
+    }
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_start(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    if (ld->started) return 0;
+    ld->started = 1;
+    ld->m->ndispatchers_running++;
+    ld->m->ever_started = 1;
+    lua_pushvalue(L, 1);
+    ld->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* alive while it runs */
+    rb_dispatcher_start(ld->d);
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int wait_stopped(lua_State *L, lua_dispatcher *ld)
+{
+    if (ld->stopped || !ld->started) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    stop_wait *sw = calloc(1, sizeof *sw);
+    if (!sw) return luaL_error(L, "relaybus: out of memory");
+    rb_await *w = rb_await_begin(L);
+    if (!w) {
+        /* even an aborted caller gets its stop: it just does not wait for it */
+        free(sw);
+        return 2;
+    }
+    sw->w = w;
+    sw->next = ld->waits;
+    ld->waits = sw;
+    return rb_await_finish(L, w);
+}
+
+static const char *const stop_opts[] = {"timeout", NULL};
+
+/* d:stop{timeout=T}: inside a coroutine it waits; outside it returns a waitable. */
+static int l_stop(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    rb_check_options(L, 2, "stop", stop_opts);
+    double timeout = -1;
+    if (lua_istable(L, 2)) timeout = rb_opt_number(L, 2, "timeout", -1);
+    else if (lua_isnumber(L, 2)) timeout = lua_tonumber(L, 2);
+    if (ld->started && !ld->stopped) rb_dispatcher_stop(ld->d, timeout, NULL, NULL);
+    else if (!ld->started) ld->stopped = 1;
+    if (rb_task_current(L)) return wait_stopped(L, ld);
+    lua_newuserdatauv(L, 0, 1);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1);
+    luaL_setmetatable(L, RB_STOPWAIT_MT);
+    return 1;
+}
+
+static int l_stopwait_wait(lua_State *L)
+{
+    luaL_checkudata(L, 1, RB_STOPWAIT_MT);
+    lua_getiuservalue(L, 1, 1);
+    lua_dispatcher *ld = luaL_checkudata(L, -1, RB_DISPATCHER_MT);
+    return wait_stopped(L, ld);
+}
+
+static int l_stopwait_done(lua_State *L)
+{
+    luaL_checkudata(L, 1, RB_STOPWAIT_MT);
+    lua_getiuservalue(L, 1, 1);
+    lua_dispatcher *ld = luaL_checkudata(L, -1, RB_DISPATCHER_MT);
+    lua_pushboolean(L, ld->stopped || !ld->started);
+    return 1;
+}
+
+static int l_dispatcher_stats(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, (lua_Integer)rb_dispatcher_active(ld->d));
+    lua_setfield(L, -2, "active");
+    lua_pushboolean(L, rb_dispatcher_running(ld->d));
+    lua_setfield(L, -2, "running");
+    lua_pushboolean(L, rb_dispatcher_stopping(ld->d));
+    lua_setfield(L, -2, "stopping");
+    return 1;
+}
+
+static void unlink_dispatcher(lua_dispatcher *ld)
+{
+    for (lua_dispatcher **pp = &ld->m->dispatchers; *pp; pp = &(*pp)->next)
+        if (*pp == ld) {
+            *pp = ld->next;
+            break;
+        }
+}
+
+static int l_dispatcher_gc(lua_State *L)
+{
+    lua_dispatcher *ld = luaL_checkudata(L, 1, RB_DISPATCHER_MT);
+    if (!ld->d) return 0;
+    /* A started dispatcher is referenced until the state closes, so this runs either for a
+     * never-started one or inside lua_close: then no callback may touch Lua any more. */
+    if (ld->started) ld->m->closing = 1;
+    unlink_dispatcher(ld);
+    if (ld->started && !ld->stopped) ld->m->ndispatchers_running--;
+    ld->stopped = 1;
+    rb_dispatcher_free(ld->d);
+    ld->d = NULL;
+    return 0;
+}
+
+static int l_dispatcher_store(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->store_ref);
+    return 1;
+}
+
+static const luaL_Reg dispatcher_methods[] = {
+    {"_store", l_dispatcher_store},
+    {"handle", l_handle},
+    {"start", l_start},
+    {"stop", l_stop},
+    {"stats", l_dispatcher_stats},
+    {NULL, NULL}
+};
+
+static const luaL_Reg ctx_methods[] = {
+    {"sleep", rb_lua_sleep},
+    {"extend_lease", l_ctx_extend_lease},
+    {"reschedule", l_ctx_reschedule},
+    {"bury", l_ctx_bury},
+    {"release", l_ctx_release},
+    {"complete", l_ctx_complete},
+    {NULL, NULL}
+};
+
+static const luaL_Reg signal_methods[] = {
+    {"check", l_signal_check},
+    {"on_abort", l_signal_on_abort},
+    {NULL, NULL}
+};
+
+static const luaL_Reg stopwait_methods[] = {
+    {"wait", l_stopwait_wait},
+    {"done", l_stopwait_done},
+    {NULL, NULL}
+};
+
+void rb_lua_stop_all(lua_State *L)
+{
+    rb_module *m = rb_module_get(L);
+    for (lua_dispatcher *ld = m->dispatchers; ld; ld = ld->next)
+        if (ld->d && ld->started && !ld->stopped) rb_dispatcher_stop(ld->d, -1, NULL, NULL);
+}
+
+void rb_lua_dispatcher_register(lua_State *L)
+{
+    luaL_newmetatable(L, RB_DISPATCHER_MT);
+    luaL_newlib(L, dispatcher_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_dispatcher_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, RB_CTX_MT);
+    luaL_newlib(L, ctx_methods);
+    lua_setfield(L, -2, "methods");
+    lua_pushcfunction(L, l_ctx_index);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, RB_SIGNAL_MT);
+    luaL_newlib(L, signal_methods);
+    lua_setfield(L, -2, "methods");
+    lua_pushcfunction(L, l_signal_index);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_signal_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, RB_STOPWAIT_MT);
+    luaL_newlib(L, stopwait_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+}

@@ -1,0 +1,701 @@
+/* lua_store.c -- stores and transactions as Lua objects: relaybus.open, the store methods
+ * (enqueue, get, list, stats, kick, purge, close) and the tx object (enqueue, exec, query,
+ * and the document operations the prelude wraps as tx:collection). Each method starts the
+ * store's asynchronous operation and waits for it through await.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+typedef struct lua_store {
+    rb_store *s;
+    rb_module *m;
+    int closed;
+} lua_store;
+
+typedef struct lua_tx {
+    rb_tx *tx;
+    rb_store *s;
+    int closed;
+    int owned;      /* 1: store:transaction's (commit/rollback allowed); 0: a handler's */
+} lua_tx;
+
+static lua_store *check_lua_store(lua_State *L, int idx)
+{
+    lua_store *st = luaL_checkudata(L, idx, RB_STORE_MT);
+    if (st->closed) rb_misuse(L, "store is closed");
+    return st;
+}
+
+rb_store *rb_lua_check_store(lua_State *L, int idx) { return check_lua_store(L, idx)->s; }
+
+/* ---- results to Lua ---------------------------------------------------------------------- */
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+static void set_str(lua_State *L, const char *k, const char *v)
+{
+    if (!v) return;
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+
+void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d)
+{
+    (void)m;
+    lua_createtable(L, 0, 13);
+    set_str(L, "id", d->id);
+    set_str(L, "topic", d->topic);
+    set_str(L, "key", d->key);
+    set_str(L, "status", rb_status_name(d->status));
+    lua_pushinteger(L, d->attempts);
+    lua_setfield(L, -2, "attempts");
+    lua_pushinteger(L, d->max_attempts);
+    lua_setfield(L, -2, "max_attempts");
+    lua_pushinteger(L, (lua_Integer)d->fence);
+    lua_setfield(L, -2, "fence");
+    set_num(L, "run_at", d->run_at);
+    set_num(L, "created_at", d->created_at);
+    if (d->lease_expires_at > 0) set_num(L, "lease_expires_at", d->lease_expires_at);
+    set_str(L, "last_error", d->last_error);
+    if (d->payload) {
+        if (rb_json_decode(L, d->payload, strlen(d->payload))) {
+            lua_setfield(L, -2, "payload");
+        } else {
+            /* A row written by hand with invalid JSON: say so instead of failing the read. */
+            lua_pushfstring(L, "invalid JSON payload: %s", lua_tostring(L, -1));
+            lua_setfield(L, -3, "payload_error");
+            lua_pop(L, 1);
+        }
+    }
+}
+
+/* ---- callbacks that resolve a wait ------------------------------------------------------ */
+static int push_err(lua_State *T, const char *err)
+{
+    lua_pushnil(T);
+    lua_pushstring(T, err);
+    return 2;
+}
+
+static void on_ids(void *ud, const char *err, char **ids, size_t n)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_createtable(T, (int)n, 0);
+        for (size_t i = 0; i < n; i++) {
+            lua_pushstring(T, ids[i]);
+            lua_rawseti(T, -2, (lua_Integer)i + 1);
+        }
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+/* enqueue returns the single id rather than a list */
+static void on_one_id(void *ud, const char *err, char **ids, size_t n)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T && n >= 1) {
+        lua_pushstring(T, ids[0]);
+        nres = 1;
+    } else if (T) nres = push_err(T, "enqueue returned no id");
+    rb_await_resolve(w, nres);
+}
+
+static void on_records_one(void *ud, const char *err, rb_delivery **recs, size_t n)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        if (n > 0) rb_push_record(T, rb_module_get(T), recs[0]);
+        else lua_pushnil(T);
+        nres = 1;
+    }
+    rb_delivery_list_free(recs, n);
+    rb_await_resolve(w, nres);
+}
+
+static void on_records_list(void *ud, const char *err, rb_delivery **recs, size_t n)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        rb_module *m = rb_module_get(T);
+        lua_createtable(T, (int)n, 0);
+        for (size_t i = 0; i < n; i++) {
+            rb_push_record(T, m, recs[i]);
+            lua_rawseti(T, -2, (lua_Integer)i + 1);
+        }
+        nres = 1;
+    }
+    rb_delivery_list_free(recs, n);
+    rb_await_resolve(w, nres);
+}
+
+static void on_count(void *ud, const char *err, int64_t count)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_pushinteger(T, (lua_Integer)count);
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+static void on_stats(void *ud, const char *err, const rb_stats *st)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_createtable(T, 0, 6);
+        lua_pushinteger(T, st->pending);    lua_setfield(T, -2, "pending");
+        lua_pushinteger(T, st->processing); lua_setfield(T, -2, "processing");
+        lua_pushinteger(T, st->completed);  lua_setfield(T, -2, "completed");
+        lua_pushinteger(T, st->buried);     lua_setfield(T, -2, "buried");
+        lua_pushinteger(T, st->due);        lua_setfield(T, -2, "due");
+        lua_pushnumber(T, st->oldest_due_age); lua_setfield(T, -2, "oldest_due_age");
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+static void on_done(void *ud, const char *err)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_pushboolean(T, 1);
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+/* ---- building enqueue items ----------------------------------------------------------------- */
+static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", NULL};
+
+/* Reads topic (at ti), payload (at pi) and opts (at oi) into *it; the JSON text is pushed on
+ * L's stack, which keeps it alive for the duration of the call. */
+static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it, const char *what)
+{
+    memset(it, 0, sizeof *it);
+    if (lua_type(L, ti) != LUA_TSTRING || lua_rawlen(L, ti) == 0)
+        rb_misuse(L, "%s: topic must be a non-empty string", what);
+    it->topic = lua_tostring(L, ti);
+    if (!rb_json_encode(L, pi))
+        rb_misuse(L, "%s: payload is not JSON-encodable (%s)", what, lua_tostring(L, -1));
+    it->payload = lua_tostring(L, -1);
+    it->max_attempts = 25;
+    if (!lua_isnoneornil(L, oi)) {
+        rb_check_options(L, oi, what, enqueue_opts);
+        it->delay = rb_opt_number(L, oi, "delay", 0);
+        it->run_at = rb_opt_number(L, oi, "run_at", 0);
+        double ma = rb_opt_number(L, oi, "max_attempts", 25);
+        if (!(ma >= 1) || ma != floor(ma) || ma > 1e9)
+            rb_misuse(L, "%s: max_attempts must be a positive integer", what);
+        it->max_attempts = (int)ma;
+        if (it->delay < 0 || !isfinite(it->delay)) rb_misuse(L, "%s: delay must be >= 0", what);
+        lua_getfield(L, oi, "key");
+        if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
+            rb_misuse(L, "%s: key must be a string", what);
+        it->key = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
+        /* the key and payload strings stay on the stack until the call ends */
+    }
+}
+
+static int do_enqueue(lua_State *L, rb_store *s, rb_tx *tx)
+{
+    rb_enqueue_item it;
+    lua_settop(L, 4);   /* opts at 4 even when absent: read_item pushes above it */
+    read_item(L, 2, 3, 4, &it, "enqueue");
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    if (tx) s->vt->tx_enqueue(tx, &it, 1, on_one_id, w);
+    else s->vt->enqueue(s, &it, 1, on_one_id, w);
+    return rb_await_finish(L, w);
+}
+
+static int do_enqueue_many(lua_State *L, rb_store *s, rb_tx *tx)
+{
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_settop(L, 2);
+    size_t n = lua_rawlen(L, 2);
+    if (n == 0) {
+        lua_newtable(L);
+        return 1;
+    }
+    rb_enqueue_item *items = lua_newuserdatauv(L, n * sizeof *items, 0);  /* freed by GC */
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, (lua_Integer)i + 1);
+        if (!lua_istable(L, -1)) rb_misuse(L, "enqueue_many: item %d must be {topic, payload, opts}", (int)i + 1);
+        int e = lua_gettop(L);
+        lua_rawgeti(L, e, 1);
+        lua_rawgeti(L, e, 2);
+        lua_rawgeti(L, e, 3);
+        read_item(L, e + 1, e + 2, e + 3, &items[i], "enqueue_many");
+        /* the strings stay on the stack until the call ends */
+    }
+    luaL_checkstack(L, 4, NULL);
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    if (tx) s->vt->tx_enqueue(tx, items, n, on_ids, w);
+    else s->vt->enqueue(s, items, n, on_ids, w);
+    return rb_await_finish(L, w);
+}
+
+/* ---- store methods ------------------------------------------------------------------------- */
+static int l_store_enqueue(lua_State *L)
+{
+    return do_enqueue(L, check_lua_store(L, 1)->s, NULL);
+}
+
+static int l_store_enqueue_many(lua_State *L)
+{
+    return do_enqueue_many(L, check_lua_store(L, 1)->s, NULL);
+}
+
+static int l_store_get(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    const char *id = luaL_checkstring(L, 2);
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->get(s, id, on_records_one, w);
+    return rb_await_finish(L, w);
+}
+
+static const char *const list_opts[] = {"status", "topic", "limit", NULL};
+
+static int l_store_list(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    rb_check_options(L, 2, "list", list_opts);
+    rb_list_req req = {NULL, NULL, 100};
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "status");
+        req.status = lua_tostring(L, -1);
+        if (req.status && rb_status_parse(req.status) < 0)
+            rb_misuse(L, "list: unknown status '%s'", req.status);
+        lua_getfield(L, 2, "topic");
+        req.topic = lua_tostring(L, -1);
+        double lim = rb_opt_number(L, 2, "limit", 100);
+        if (!(lim >= 1)) rb_misuse(L, "list: limit must be >= 1");
+        req.limit = (size_t)lim;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->list(s, &req, on_records_list, w);
+    return rb_await_finish(L, w);
+}
+
+static int l_store_stats(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->stats(s, on_stats, w);
+    return rb_await_finish(L, w);
+}
+
+static const char *const kick_opts[] = {"status", NULL};
+
+static int l_store_kick(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    rb_kick_mode mode;
+    const char *id = NULL;
+    if (lua_istable(L, 2)) {
+        rb_check_options(L, 2, "kick", kick_opts);
+        lua_getfield(L, 2, "status");
+        const char *st = lua_tostring(L, -1);
+        if (!st || strcmp(st, "buried") != 0) rb_misuse(L, "kick: only {status=\"buried\"} is supported");
+        mode = RB_KICK_BURIED;
+    } else {
+        id = luaL_checkstring(L, 2);
+        mode = RB_KICK_ONE;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->kick(s, mode, id, on_count, w);
+    return rb_await_finish(L, w);
+}
+
+static const char *const purge_opts[] = {"status", "older_than", "limit", NULL};
+
+static int l_store_purge(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    luaL_checktype(L, 2, LUA_TTABLE);
+    rb_check_options(L, 2, "purge", purge_opts);
+    lua_getfield(L, 2, "status");
+    const char *st = lua_tostring(L, -1);
+    if (!st || (strcmp(st, "completed") != 0 && strcmp(st, "buried") != 0))
+        rb_misuse(L, "purge: status must be \"completed\" or \"buried\"");
+    double older = rb_opt_number(L, 2, "older_than", 0);
+    double limit = rb_opt_number(L, 2, "limit", 0);
+    if (older < 0 || limit < 0) rb_misuse(L, "purge: older_than and limit must be >= 0");
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->purge(s, st, older, (size_t)limit, on_count, w);
+    return rb_await_finish(L, w);
+}
+
+static void on_begun(void *ud, const char *err, rb_tx *tx)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_pushlightuserdata(T, tx);
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+typedef struct begin_wait {
+    rb_await *w;
+    rb_store *s;
+} begin_wait;
+
+static void on_begun_ctx(void *ud, const char *err, rb_tx *tx)
+{
+    begin_wait *b = ud;
+    rb_store *s = b->s;
+    rb_await *w = b->w;
+    free(b);
+    if (!rb_await_target(w) && tx) {
+        s->vt->rollback(tx, NULL, NULL);    /* the waiter was aborted */
+        rb_await_resolve(w, 0);
+        return;
+    }
+    on_begun(w, err, tx);
+}
+
+/* store:_begin() -> tx object, or nil, err (the prelude's store:transaction uses it) */
+static int l_store_begin(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    if (!s->vt->begin) return push_err(L, "transactions are not supported by this store");
+    begin_wait *b = malloc(sizeof *b);
+    if (!b) return luaL_error(L, "relaybus: out of memory");
+    rb_await *w = rb_await_begin(L);
+    if (!w) {
+        free(b);
+        return 2;
+    }
+    b->w = w;
+    b->s = s;
+    s->vt->begin(s, on_begun_ctx, b);
+    int n = rb_await_finish(L, w);
+    if (n == 1 && lua_islightuserdata(L, -1)) {
+        rb_tx *tx = lua_touserdata(L, -1);
+        lua_pop(L, 1);
+        rb_push_tx(L, s, tx, 1);
+        return 1;
+    }
+    return n;
+}
+
+static int l_store_close(lua_State *L)
+{
+    lua_store *st = luaL_checkudata(L, 1, RB_STORE_MT);
+    if (!st->closed) {
+        st->closed = 1;
+        st->s->vt->close(st->s);
+        st->s = NULL;
+    }
+    return 0;
+}
+
+static int l_store_tostring(lua_State *L)
+{
+    lua_store *st = luaL_checkudata(L, 1, RB_STORE_MT);
+    if (st->closed) lua_pushliteral(L, "relaybus.store (closed)");
+    else lua_pushfstring(L, "relaybus.store (%s: %s)", st->s->vt->name, st->s->table);
+    return 1;
+}
+
+static int l_store_name(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    lua_pushstring(L, s->vt->name);
+    return 1;
+}
+
+static const char *const open_opts[] = {"table", "migrate", NULL};
+
+int rb_lua_open_store(lua_State *L)
+{
+    const char *url = luaL_checkstring(L, 1);
+    rb_check_options(L, 2, "open", open_opts);
+    rb_store_options o = {NULL, 1};
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "table");
+        if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+            rb_misuse(L, "open: table must be a string");
+        o.table = lua_tostring(L, -1);
+        lua_getfield(L, 2, "migrate");
+        if (!lua_isnil(L, -1)) o.migrate = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    rb_module *m = rb_module_get(L);
+    char err[512] = "";
+    rb_store *s = rb_store_open(m->loop, url, &o, err, sizeof err);
+    if (!s) return push_err(L, err[0] ? err : "cannot open store");
+    lua_store *st = lua_newuserdatauv(L, sizeof *st, 0);
+    st->s = s;
+    st->m = m;
+    st->closed = 0;
+    luaL_setmetatable(L, RB_STORE_MT);
+    return 1;
+}
+
+/* ---- transactions --------------------------------------------------------------------------- */
+static lua_tx *check_tx(lua_State *L, int idx)
+{
+    lua_tx *t = luaL_checkudata(L, idx, RB_TX_MT);
+    if (t->closed) rb_misuse(L, "transaction is closed");
+    return t;
+}
+
+void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned)
+{
+    lua_tx *t = lua_newuserdatauv(L, sizeof *t, 0);
+    t->tx = tx;
+    t->s = s;
+    t->closed = 0;
+    t->owned = owned;
+    luaL_setmetatable(L, RB_TX_MT);
+}
+
+void rb_tx_invalidate(lua_State *L, int idx)
+{
+    lua_tx *t = luaL_testudata(L, idx, RB_TX_MT);
+    if (t) t->closed = 1;
+}
+
+static int l_tx_enqueue(lua_State *L)
+{
+    lua_tx *t = check_tx(L, 1);
+    return do_enqueue(L, t->s, t->tx);
+}
+
+static int l_tx_enqueue_many(lua_State *L)
+{
+    lua_tx *t = check_tx(L, 1);
+    return do_enqueue_many(L, t->s, t->tx);
+}
+
+static rb_value *read_params(lua_State *L, int first, size_t *n)
+{
+    int top = lua_gettop(L);
+    *n = top >= first ? (size_t)(top - first + 1) : 0;
+    if (*n == 0) return NULL;
+    rb_value *v = lua_newuserdatauv(L, *n * sizeof *v, 0);
+    for (size_t i = 0; i < *n; i++) {
+        int idx = first + (int)i;
+        memset(&v[i], 0, sizeof v[i]);
+        switch (lua_type(L, idx)) {
+        case LUA_TNIL: v[i].type = RB_VNULL; break;
+        case LUA_TBOOLEAN: v[i].type = RB_VBOOL; v[i].i = lua_toboolean(L, idx); break;
+        case LUA_TNUMBER:
+            if (lua_isinteger(L, idx)) { v[i].type = RB_VINT; v[i].i = lua_tointeger(L, idx); }
+            else { v[i].type = RB_VFLOAT; v[i].f = lua_tonumber(L, idx); }
+            break;
+        case LUA_TSTRING:
+            v[i].type = RB_VTEXT;
+            v[i].s = lua_tolstring(L, idx, &v[i].len);
+            break;
+        default:
+            rb_misuse(L, "parameter %d: %s cannot be bound (nil, boolean, number or string)",
+                      (int)i + 1, luaL_typename(L, idx));
+        }
+    }
+    return v;
+}
+
+static int l_tx_exec(lua_State *L)
+{
+    lua_tx *t = check_tx(L, 1);
+    const char *sql = luaL_checkstring(L, 2);
+    if (!t->s->vt->tx_exec) return rb_misuse(L, "tx:exec is not available on %s (use tx:collection)", t->s->vt->name);
+    size_t n;
+    rb_value *params = read_params(L, 3, &n);
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    t->s->vt->tx_exec(t->tx, sql, params, n, on_count, w);
+    return rb_await_finish(L, w);
+}
+
+static void on_rows(void *ud, const char *err, rb_rowset *rs)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T && rs) {
+        lua_createtable(T, (int)rs->nrows, 0);
+        for (size_t r = 0; r < rs->nrows; r++) {
+            lua_createtable(T, 0, rs->ncols);
+            for (int c = 0; c < rs->ncols; c++) {
+                const rb_value *v = &rs->vals[r * (size_t)rs->ncols + (size_t)c];
+                switch (v->type) {
+                case RB_VNULL: continue;
+                case RB_VINT: lua_pushinteger(T, v->i); break;
+                case RB_VFLOAT: lua_pushnumber(T, v->f); break;
+                case RB_VBOOL: lua_pushboolean(T, (int)v->i); break;
+                case RB_VTEXT: lua_pushlstring(T, v->s, v->len); break;
+                }
+                lua_setfield(T, -2, rs->names[c]);
+            }
+            lua_rawseti(T, -2, (lua_Integer)r + 1);
+        }
+        nres = 1;
+    } else if (T) {
+        lua_newtable(T);
+        nres = 1;
+    }
+    rb_rowset_free(rs);
+    rb_await_resolve(w, nres);
+}
+
+static int l_tx_query(lua_State *L)
+{
+    lua_tx *t = check_tx(L, 1);
+    const char *sql = luaL_checkstring(L, 2);
+    if (!t->s->vt->tx_query) return rb_misuse(L, "tx:query is not available on %s (use tx:collection)", t->s->vt->name);
+    size_t n;
+    rb_value *params = read_params(L, 3, &n);
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    t->s->vt->tx_query(t->tx, sql, params, n, on_rows, w);
+    return rb_await_finish(L, w);
+}
+
+static void on_doc(void *ud, const char *err, const char *doc_json, int64_t count)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        if (doc_json) lua_pushstring(T, doc_json);
+        else lua_pushnil(T);
+        lua_pushinteger(T, (lua_Integer)count);
+        nres = 2;
+    }
+    rb_await_resolve(w, nres);
+}
+
+/* tx:_doc(op, collection, filter_json, doc_json) -> doc_json|nil, count  (prelude wraps it) */
+static int l_tx_doc(lua_State *L)
+{
+    lua_tx *t = check_tx(L, 1);
+    static const char *const ops[] = {"insert_one", "update_one", "delete_one", "find_one", NULL};
+    int op = luaL_checkoption(L, 2, NULL, ops);
+    const char *coll = luaL_checkstring(L, 3);
+    const char *filter = luaL_optstring(L, 4, NULL);
+    const char *doc = luaL_optstring(L, 5, NULL);
+    if (!t->s->vt->tx_doc) return rb_misuse(L, "tx:collection is only available on MongoDB (use tx:exec / tx:query)");
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    t->s->vt->tx_doc(t->tx, (rb_doc_op)op, coll, filter, doc, on_doc, w);
+    return rb_await_finish(L, w);
+}
+
+static int l_tx_end(lua_State *L, int commit)
+{
+    lua_tx *t = check_tx(L, 1);
+    if (!t->owned) return rb_misuse(L, "a handler's transaction commits when the handler returns");
+    rb_tx *tx = t->tx;
+    t->closed = 1;
+    rb_await *w = rb_await_begin(L);
+    if (!w) {
+        /* aborted before we could commit: roll back, report aborted */
+        t->s->vt->rollback(tx, NULL, NULL);
+        return 2;
+    }
+    if (commit) t->s->vt->commit(tx, NULL, on_done, w);
+    else t->s->vt->rollback(tx, on_done, w);
+    return rb_await_finish(L, w);
+}
+
+static int l_tx_commit(lua_State *L) { return l_tx_end(L, 1); }
+static int l_tx_rollback(lua_State *L) { return l_tx_end(L, 0); }
+
+static int l_tx_gc(lua_State *L)
+{
+    lua_tx *t = luaL_checkudata(L, 1, RB_TX_MT);
+    /* A store:transaction tx dropped without commit (its coroutine was abandoned). */
+    if (!t->closed && t->owned) {
+        t->closed = 1;
+        rb_module *m = rb_module_get(L);
+        if (!m->closing) t->s->vt->rollback(t->tx, NULL, NULL);
+    }
+    return 0;
+}
+
+static const luaL_Reg store_methods[] = {
+    {"enqueue", l_store_enqueue},
+    {"enqueue_many", l_store_enqueue_many},
+    {"get", l_store_get},
+    {"list", l_store_list},
+    {"stats", l_store_stats},
+    {"kick", l_store_kick},
+    {"purge", l_store_purge},
+    {"try_acquire", rb_lua_try_acquire},
+    {"close", l_store_close},
+    {"kind", l_store_name},
+    {"_begin", l_store_begin},
+    {NULL, NULL}
+};
+
+static const luaL_Reg tx_methods[] = {
+    {"enqueue", l_tx_enqueue},
+    {"enqueue_many", l_tx_enqueue_many},
+    {"exec", l_tx_exec},
+    {"query", l_tx_query},
+    {"_doc", l_tx_doc},
+    {"_commit", l_tx_commit},
+    {"_rollback", l_tx_rollback},
+    {NULL, NULL}
+};
+
+void rb_lua_store_register(lua_State *L)
+{
+    luaL_newmetatable(L, RB_STORE_MT);
+    luaL_newlib(L, store_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_store_close);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_store_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pop(L, 1);
+    luaL_newmetatable(L, RB_TX_MT);
+    luaL_newlib(L, tx_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_tx_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+}
