@@ -68,7 +68,8 @@ end
 local function deliver(handler, o)
   o = o or {}
   local store = open_store()
-  local d = H.dispatcher(store, o.dispatcher)
+  -- a failed run waits a minute before its retry, so the first attempt's outcome stays visible
+  local d = H.dispatcher(store, o.dispatcher or { backoff = function() return 60 end })
   d:handle("hook", handler, o.handle)
   local id = assert(store:enqueue("hook", o.payload or { n = 1 }, o.enqueue))
   local stop = H.stopper(d)
