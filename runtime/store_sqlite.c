@@ -765,7 +765,7 @@ static int user_stmt(rb_sqlite *s, job *j, sqlite3_stmt **out)
     if (!*out) { set_err(j, "sqlite: empty statement"); return SQLITE_MISUSE; }
     while (tail && (*tail == ' ' || *tail == '\t' || *tail == '\n' || *tail == '\r' ||
                     *tail == ';')) tail++;
-    if (tail && *tail) { set_err(j, "sqlite: one statement at a time, please"); return SQLITE_MISUSE; }
+    if (tail && *tail) { set_err(j, "sqlite: exec and query take a single statement"); return SQLITE_MISUSE; }
     int want = sqlite3_bind_parameter_count(*out);
     if ((size_t)want != j->nparams) {
         set_err(j, "sqlite: the statement takes %d parameters, %zu given", want, j->nparams);
@@ -873,8 +873,9 @@ static void abandon_tx(rb_sqlite *s)
 
 static job_rc run_commit(rb_sqlite *s, job *j)
 {
-    if (tx_gone(s, j)) { if (j->tx == s->tx) abandon_tx(s); return JOB_DONE; }
     rb_settle_op *op = j->ops;
+    if (op && !j->stage) op->applied = 0;
+    if (tx_gone(s, j)) { if (j->tx == s->tx) abandon_tx(s); return JOB_DONE; }
     if (op && !j->stage) {
         int rc = settle_one(s, j, op, rb_wall_time());
         if (rc != SQLITE_OK || !op->applied) {     /* lease lost: nothing commits */
