@@ -107,6 +107,31 @@ void rb_lua_leases_register(lua_State *L);
 int rb_lua_try_acquire(lua_State *L);
 int rb_lua_local_leases(lua_State *L);
 
+/* Argument checks whose errors start with "relaybus:", as the contract wants for misuse.
+ * The luaL_ names are redirected here so every file of the binding gets them. */
+const char *rb_checklstring(lua_State *L, int arg, size_t *len);
+lua_Number rb_checknumber(lua_State *L, int arg);
+lua_Integer rb_checkinteger(lua_State *L, int arg);
+void rb_checktype(lua_State *L, int arg, int t);
+void *rb_checkudata(lua_State *L, int arg, const char *tname);
+lua_Number rb_optnumber(lua_State *L, int arg, lua_Number def);
+lua_Integer rb_optinteger(lua_State *L, int arg, lua_Integer def);
+const char *rb_optlstring(lua_State *L, int arg, const char *def, size_t *len);
+int rb_checkoption(lua_State *L, int arg, const char *def, const char *const lst[]);
+#undef luaL_checkstring
+#undef luaL_optstring
+#define luaL_checklstring rb_checklstring
+#define luaL_checkstring(L, n) rb_checklstring(L, (n), NULL)
+#define luaL_checknumber rb_checknumber
+#define luaL_checkinteger rb_checkinteger
+#define luaL_checktype rb_checktype
+#define luaL_checkudata rb_checkudata
+#define luaL_optnumber rb_optnumber
+#define luaL_optinteger rb_optinteger
+#define luaL_optlstring rb_optlstring
+#define luaL_optstring(L, n, d) rb_optlstring(L, (n), (d), NULL)
+#define luaL_checkoption rb_checkoption
+
 /* Raises "relaybus: <msg>" (misuse). */
 int rb_misuse(lua_State *L, const char *fmt, ...);
 /* Checks that the table at idx has only the given keys (NULL-terminated). */

@@ -56,43 +56,17 @@ rb_signal *rb_signal_push(lua_State *L, rb_module *m)
     return s;
 }
 
-typedef struct abort_call {
-    ev_timer timer;
-    rb_module *m;
-    int fn_ref;
-    const char *reason;
-} abort_call;
-
-/* on_abort callbacks run from the loop, as tasks, never inside the code being aborted. */
-static void on_abort_call(struct ev_loop *loop, ev_timer *w, int revents)
+/* Runs fn(reason) as a task of its own: it may yield, and an error in it is only logged. */
+static void call_on_abort(rb_module *m, int fn_ref, const char *reason)
 {
-    (void)loop; (void)revents;
-    abort_call *c = w->data;
-    rb_module *m = c->m;
-    if (!m->closing) {
-        lua_State *L = m->L;
-        lua_pushcfunction(L, rb_lua_spawn);
-        lua_rawgeti(L, LUA_REGISTRYINDEX, c->fn_ref);
-        lua_pushstring(L, c->reason);
-        if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
-            rb_log(RB_LOG_ERROR, "on_abort callback failed: %s", lua_tostring(L, -1));
-            lua_pop(L, 1);
-        }
-        luaL_unref(L, LUA_REGISTRYINDEX, c->fn_ref);
+    lua_State *L = m->L;
+    lua_pushcfunction(L, rb_lua_spawn);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
+    lua_pushstring(L, reason);
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+        rb_log(RB_LOG_ERROR, "on_abort callback failed: %s", lua_tostring(L, -1));
+        lua_pop(L, 1);
     }
-    free(c);
-}
-
-static void schedule_abort_call(rb_module *m, int fn_ref, const char *reason)
-{
-    abort_call *c = calloc(1, sizeof *c);
-    if (!c) return;
-    c->m = m;
-    c->fn_ref = fn_ref;
-    c->reason = reason;
-    ev_timer_init(&c->timer, on_abort_call, 0, 0);
-    c->timer.data = c;
-    ev_timer_start(m->loop, &c->timer);
 }
 
 void rb_signal_fire(rb_signal *s, rb_abort_reason reason)
@@ -102,15 +76,19 @@ void rb_signal_fire(rb_signal *s, rb_abort_reason reason)
     s->reason_name = rb_abort_reason_name(reason);
     if (s->callbacks_ref == LUA_NOREF || s->m->closing) return;
     lua_State *L = s->m->L;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, s->callbacks_ref);
-    int n = (int)lua_rawlen(L, -1);
+    int ref = s->callbacks_ref;
+    s->callbacks_ref = LUA_NOREF;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    int list = lua_gettop(L);
+    int n = (int)lua_rawlen(L, list);
     for (int i = 1; i <= n; i++) {
-        lua_rawgeti(L, -1, i);
-        schedule_abort_call(s->m, luaL_ref(L, LUA_REGISTRYINDEX), s->reason_name);
+        lua_rawgeti(L, list, i);
+        int fn = luaL_ref(L, LUA_REGISTRYINDEX);
+        call_on_abort(s->m, fn, s->reason_name);
+        luaL_unref(L, LUA_REGISTRYINDEX, fn);
     }
     lua_pop(L, 1);
-    luaL_unref(L, LUA_REGISTRYINDEX, s->callbacks_ref);
-    s->callbacks_ref = LUA_NOREF;
 }
 
 static int l_signal_index(lua_State *L)
@@ -148,7 +126,9 @@ static int l_signal_on_abort(lua_State *L)
     luaL_checktype(L, 2, LUA_TFUNCTION);
     if (s->reason) {
         lua_pushvalue(L, 2);
-        schedule_abort_call(s->m, luaL_ref(L, LUA_REGISTRYINDEX), s->reason_name);
+        int fn = luaL_ref(L, LUA_REGISTRYINDEX);
+        call_on_abort(s->m, fn, s->reason_name);
+        luaL_unref(L, LUA_REGISTRYINDEX, fn);
         return 0;
     }
     if (s->callbacks_ref == LUA_NOREF) {

@@ -447,7 +447,8 @@ static const char *const open_opts[] = {"table", "migrate", NULL};
 
 int rb_lua_open_store(lua_State *L)
 {
-    const char *url = luaL_checkstring(L, 1);
+    if (lua_type(L, 1) != LUA_TSTRING) return rb_misuse(L, "open: the store URL must be a string");
+    const char *url = lua_tostring(L, 1);
     rb_check_options(L, 2, "open", open_opts);
     rb_store_options o = {NULL, 1};
     if (lua_istable(L, 2)) {
@@ -456,6 +457,7 @@ int rb_lua_open_store(lua_State *L)
             rb_misuse(L, "open: table must be a string");
         o.table = lua_tostring(L, -1);
         lua_getfield(L, 2, "migrate");
+        if (!lua_isnil(L, -1) && !lua_isboolean(L, -1)) rb_misuse(L, "open: migrate must be a boolean");
         if (!lua_isnil(L, -1)) o.migrate = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }

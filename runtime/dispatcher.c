@@ -386,6 +386,7 @@ static rb_abort_reason deadline_reason(const rb_run *run)
 static void arm_deadline(rb_run *run)
 {
     rb_dispatcher *d = run->d;
+    ev_now_update(d->loop);
     double wait = run_effective_deadline(run) - rb_monotonic();
     ev_timer_stop(d->loop, &run->deadline_timer);
     ev_timer_set(&run->deadline_timer, wait > 0 ? wait : 0, 0);
@@ -994,6 +995,7 @@ void rb_dispatcher_stop(rb_dispatcher *d, double timeout, void (*done)(void *ud)
         if (timeout >= left) return;
     }
     d->stopping = 1;
+    ev_now_update(d->loop);     /* the loop's cached time may be stale: time from now */
     ev_timer_stop(d->loop, &d->poll_timer);
     ev_timer_stop(d->loop, &d->grace_timer);
     ev_timer_stop(d->loop, &d->hard_timer);
