@@ -234,6 +234,10 @@ for _, entry in ipairs(S.list()) do
           end
         end
       end
+      if os.getenv("RELAYBUS_SPEC_VERBOSE") then
+        io.stderr:write(string.format("\n%s: %d deliveries in %.1f s, %d kills, %d ran more than once\n",
+          entry.name, N, relaybus.now() - t0, kills, reruns))
+      end
       assert.equal(0, missing, missing .. " completed deliveries have no finished run in the logs")
       assert.same({}, overlaps)
       assert.is_true(reruns > 0, "no delivery ran twice: the kills took nothing over")
