@@ -7,12 +7,13 @@ PREFIX  ?= /usr/local
 BUILD   ?= build
 CC      ?= cc
 PKGS     = lua5.4 sqlite3 libpq libmongoc-1.0 libcurl libcrypto
-CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
+OPT     ?= -O2 -g
+CFLAGS  ?=
+ALL_CFLAGS = $(OPT) $(CFLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
            -I/usr/include/postgresql $(shell pkg-config --cflags $(PKGS))
 LDLIBS   = $(shell pkg-config --libs $(PKGS)) -lev -lm -lpthread
 SANITIZE ?=
-CFLAGS  += $(SANITIZE)
+ALL_CFLAGS += $(SANITIZE)
 LDFLAGS += $(SANITIZE)
 
 RUNTIME_SRC  = $(wildcard runtime/*.c)
@@ -26,7 +27,7 @@ all: $(BUILD)/relaybus $(BUILD)/relaybus.so $(BUILD)/librelaybus.a $(BUILD)/libr
 
 $(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 # The command's CLI is a Lua script compiled into the binary.
 $(BUILD)/cli_lua.h: cmd/cli.lua scripts/embed.lua
@@ -44,11 +45,11 @@ $(BUILD)/webhook_lua.h: bindings/lua/webhook.lua scripts/embed.lua
 
 $(BUILD)/bindings/module.o: bindings/module.c $(BUILD)/prelude_lua.h $(BUILD)/webhook_lua.h $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/cmd/main.o: cmd/main.c $(BUILD)/cli_lua.h $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/librelaybus.a: $(RUNTIME_OBJ) $(BINDING_OBJ)
 	rm -f $@ && ar rcs $@ $^
@@ -67,7 +68,7 @@ $(BUILD)/relaybus.pc: relaybus.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@PKGS@|$(PKGS)|g' $< > $@
 
 $(BUILD)/embed_host: examples/embed_host.c $(BUILD)/librelaybus.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
 
 examples: $(BUILD)/embed_host
 
@@ -88,7 +89,7 @@ bench: all
 	bench/run.sh
 
 asan:
-	$(MAKE) BUILD=build-asan SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" CFLAGS="-O1 -g" all examples
+	$(MAKE) BUILD=build-asan SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT="-O1 -g" all examples
 
 clean:
 	rm -rf build build-asan
