@@ -337,10 +337,12 @@ function commands.enqueue(args)
   max_args("enqueue", pos, 2)
   local payload = {}
   if pos[2] then
-    local ok, v = pcall(json.decode, pos[2])
-    if not ok then usage("enqueue: invalid JSON payload: %s", oneline(v)) end
-    if v == nil then v = json.null end
-    payload = v
+    local ok, v, err = pcall(json.decode, pos[2])
+    if not ok then err = v end
+    if not ok or (v == nil and err ~= nil) then
+      usage("enqueue: invalid JSON payload: %s", oneline(err))
+    end
+    payload = v   -- JSON null: nil, an absent payload
   end
   local eopts = { delay = opts.delay, key = opts.key, max_attempts = opts["max-attempts"] }
   local store = open_store(opts)

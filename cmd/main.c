@@ -19,43 +19,44 @@
 static lua_State *host_L;
 static ev_signal sig_int, sig_term;
 
-/* After the first signal: any further SIGINT/SIGTERM ends the process at once, even while Lua
- * code runs without returning to the loop. */
-static void hard_exit(int signo)
+/* libev's own handlers for SIGINT and SIGTERM. Ours runs first: it counts the signals and
+ * ends the process at the second one, even while Lua code runs without returning to the loop
+ * (when the ev_signal watchers cannot run); the first is passed on to libev. */
+static struct sigaction libev_int, libev_term;
+static volatile sig_atomic_t signals_seen;
+
+static void counting_handler(int signo)
 {
-    _exit(128 + signo);
+    if (++signals_seen >= 2)
+        _exit(128 + signo);
+    const struct sigaction *sa = signo == SIGINT ? &libev_int : &libev_term;
+    if (sa->sa_flags & SA_SIGINFO) {
+        if (sa->sa_sigaction)
+            sa->sa_sigaction(signo, NULL, NULL);
+    } else if (sa->sa_handler != SIG_DFL && sa->sa_handler != SIG_IGN) {
+        sa->sa_handler(signo);
+    }
 }
 
-static void install_hard_exit(void)
+static void chain_signal(int signo, struct sigaction *libev)
 {
     struct sigaction sa;
+    sigaction(signo, NULL, libev);
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = hard_exit;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
-
-static void stop_watcher(struct ev_loop *loop, ev_signal *w)
-{
-    if (ev_is_active(w)) {
-        ev_ref(loop); /* it was unref'd when started */
-        ev_signal_stop(loop, w);
-    }
+    sa.sa_handler = counting_handler;
+    sa.sa_flags = SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    sigaction(signo, &sa, NULL);
 }
 
 static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
+    (void)loop;
     (void)revents;
-    int signo = w->signum;
-    /* libev restores SIG_DFL when its last watcher of a signal stops; ours replaces it. */
-    stop_watcher(loop, &sig_int);
-    stop_watcher(loop, &sig_term);
-    install_hard_exit();
     if (!host_L || rb_lua_busy(host_L) == 0) {
         /* No dispatcher or task to stop gracefully: end like an interrupted program. */
         fflush(NULL);
-        _exit(128 + signo);
+        _exit(128 + w->signum);
     }
     rb_lua_stop_all(host_L);
 }
@@ -146,6 +147,8 @@ int main(int argc, char **argv)
     ev_signal_init(&sig_term, on_signal, SIGTERM);
     ev_signal_start(loop, &sig_int);
     ev_signal_start(loop, &sig_term);
+    chain_signal(SIGINT, &libev_int);
+    chain_signal(SIGTERM, &libev_term);
     /* The signal watchers alone must not keep relaybus.run()'s loop alive. */
     ev_unref(loop);
     ev_unref(loop);
@@ -168,7 +171,10 @@ int main(int argc, char **argv)
     lua_setfield(L, -2, "busy");
     lua_pushcfunction(L, h_isatty);
     lua_setfield(L, -2, "isatty");
-    luaL_checkstack(L, argc + 1, "too many arguments");
+    if (!lua_checkstack(L, argc + 1)) {
+        fputs("relaybus: too many arguments\n", stderr);
+        return 2;
+    }
     for (int i = 1; i < argc; i++)
         lua_pushstring(L, argv[i]);
     if (lua_pcall(L, argc, 1, base) != LUA_OK) {
@@ -181,9 +187,9 @@ int main(int argc, char **argv)
     }
     fflush(stdout);
 
-    /* Close Lua last: its stores and dispatchers may still own watchers on the loop. */
-    stop_watcher(loop, &sig_int);
-    stop_watcher(loop, &sig_term);
+    /* Close Lua last: its stores and dispatchers may still own watchers on the loop. From here
+     * on a signal ends the process at once. */
+    signals_seen = 1;
     host_L = NULL;
     lua_close(L);
     return status;
