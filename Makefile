@@ -70,7 +70,12 @@ $(BUILD)/relaybus.pc: relaybus.pc.in
 $(BUILD)/embed_host: examples/embed_host.c $(BUILD)/librelaybus.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
 
-examples: $(BUILD)/embed_host
+# A small HTTP server the specs and benchmarks talk to.
+$(BUILD)/http_receiver: spec/support/http_receiver.c
+	@mkdir -p $(BUILD)
+	$(CC) $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -o $@ $< -lev
+
+examples: $(BUILD)/embed_host $(BUILD)/http_receiver
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
