@@ -231,6 +231,7 @@ struct pg_conn {
     ev_timer timeout;           /* connect timeout */
     int io_events, io_on, io_ref, timer_on;
     int connecting, listen, broken, dead, listen_pending;
+    char fatal[200];            /* a FATAL received while idle: the server is hanging up */
     pg_op *cur;                 /* the statement in flight */
     int preparing;              /* cur waits for its PREPARE */
     PGresult *res;
@@ -276,6 +277,7 @@ static void conn_lost(pg_conn *c, const char *why);
 static void conn_send(pg_conn *c);
 static void listen_connect(pg_store *s);
 static void listen_schedule(pg_store *s);
+static void conn_notice(void *arg, const PGresult *r);
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -302,6 +304,12 @@ static char *result_error(const PGresult *r)
 }
 
 static void quiet_notice(void *arg, const char *msg) { (void)arg; (void)msg; }
+
+static int is_fatal(const PGresult *r)
+{
+    const char *sev = PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
+    return sev && (strcmp(sev, "FATAL") == 0 || strcmp(sev, "PANIC") == 0);
+}
 
 /* Decimal bigint ids only; anything else names no delivery. */
 static int valid_id(const char *id)
@@ -570,7 +578,7 @@ static pg_conn *conn_start_connect(pg_store *s, int listen, char *err, size_t er
         free(c);
         return NULL;
     }
-    PQsetNoticeProcessor(c->pq, quiet_notice, NULL);
+    PQsetNoticeReceiver(c->pq, conn_notice, c);
     c->connecting = 1;
     ev_init(&c->io, conn_io_cb);
     c->io.data = c;
@@ -641,6 +649,29 @@ static void conn_next(pg_conn *c)
     }
 }
 
+/* libpq hands an error that arrives on an idle connection to the notice receiver; a FATAL
+ * there (terminated, shutting down) means the server is closing this connection. */
+static void conn_notice(void *arg, const PGresult *r)
+{
+    pg_conn *c = arg;
+    if (!is_fatal(r)) return;
+    const char *m = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    snprintf(c->fatal, sizeof c->fatal, "%s", m && *m ? m : "the server closed the connection");
+}
+
+/* An idle connection is alive unless the server said goodbye (a FATAL, or end of file waiting
+ * in the socket). One non-blocking read, so an operation is not handed to a connection that
+ * died while idle (after a server restart, all of them did). */
+static int conn_alive(pg_conn *c)
+{
+    if (!PQconsumeInput(c->pq)) return 0;
+    PGresult *r;
+    while (!PQisBusy(c->pq) && (r = PQgetResult(c->pq))) PQclear(r);
+    return !c->fatal[0] && PQstatus(c->pq) != CONNECTION_BAD;
+}
+
+static const char *conn_why(pg_conn *c) { return c->fatal[0] ? c->fatal : PQerrorMessage(c->pq); }
+
 static void conn_keep_result(pg_conn *c, PGresult *r)
 {
     ExecStatusType st = PQresultStatus(r);
@@ -669,7 +700,7 @@ static void conn_finish_op(pg_conn *c)
     if (res) PQclear(res);
     free(err);
     if (s->closed || c->dead) return;
-    if (PQstatus(c->pq) == CONNECTION_BAD) { conn_lost(c, PQerrorMessage(c->pq)); return; }
+    if (c->fatal[0] || PQstatus(c->pq) == CONNECTION_BAD) { conn_lost(c, conn_why(c)); return; }
     conn_next(c);
 }
 
@@ -686,7 +717,7 @@ static int conn_prepared(pg_conn *c)
 
 static void conn_read(pg_conn *c)
 {
-    if (!PQconsumeInput(c->pq)) { conn_lost(c, PQerrorMessage(c->pq)); return; }
+    if (!PQconsumeInput(c->pq)) { conn_lost(c, conn_why(c)); return; }
     if (c->io_events & EV_WRITE) {      /* libpq: after reading, flush what is left */
         conn_flush(c);
         if (c->broken) return;
@@ -701,12 +732,7 @@ static void conn_read(pg_conn *c)
         conn_finish_op(c);
         return;     /* the connection may be serving someone else now */
     }
-    if (!c->cur) {
-        /* Idle: discard stray results (a FATAL before the server hangs up) and notice loss. */
-        PGresult *r;
-        while (!PQisBusy(c->pq) && (r = PQgetResult(c->pq))) PQclear(r);
-        if (PQstatus(c->pq) == CONNECTION_BAD) conn_lost(c, PQerrorMessage(c->pq));
-    }
+    if (!c->cur && !conn_alive(c)) conn_lost(c, conn_why(c));
 }
 
 static void conn_ready(pg_conn *c);
@@ -731,7 +757,7 @@ static void conn_io_cb(struct ev_loop *loop, ev_io *w, int revents)
     if (c->dead) {
         /* nothing: buried while its event was pending */
     } else if (c->broken) {
-        conn_lost(c, PQerrorMessage(c->pq));
+        conn_lost(c, conn_why(c));
     } else if (c->connecting) {
         conn_connect_step(c);
     } else if (c->listen) {
@@ -822,6 +848,7 @@ static void pump(pg_store *s)
     pool_count(s, &all, &connecting, &ntx, &idle);
     for (pg_conn *c = s->conns; c && (s->ops_head || s->begins_head); c = c->next) {
         if (c->connecting || c->cur || c->tx || c->broken || c->dead) continue;
+        if (!conn_alive(c)) { conn_break(c); continue; }
         if (s->ops_head) {
             conn_start_op(c, q_pop(&s->ops_head, &s->ops_tail));
         } else if (ntx < PG_MAX_TX) {
@@ -959,7 +986,7 @@ static void listen_io(pg_conn *c, int revents)
         if (c->broken) return;
     }
     if (!(revents & EV_READ)) return;
-    if (!PQconsumeInput(c->pq)) { conn_lost(c, PQerrorMessage(c->pq)); return; }
+    if (!PQconsumeInput(c->pq)) { conn_lost(c, conn_why(c)); return; }
     int wake = 0;
     PGresult *r;
     while (!PQisBusy(c->pq) && (r = PQgetResult(c->pq))) PQclear(r);
@@ -972,7 +999,7 @@ static void listen_io(pg_conn *c, int revents)
         wake = 1;
         PQfreemem(n);
     }
-    if (PQstatus(c->pq) == CONNECTION_BAD) { conn_lost(c, PQerrorMessage(c->pq)); return; }
+    if (c->fatal[0] || PQstatus(c->pq) == CONNECTION_BAD) { conn_lost(c, conn_why(c)); return; }
     if (wake && s->wake_fn) s->wake_fn(s->wake_ud);
 }
 
@@ -1832,6 +1859,7 @@ static int pool_adopt(pg_store *s, PGconn *pq)
     ev_init(&c->timeout, conn_timeout_cb);
     c->timeout.data = c;
     PQsetnonblocking(pq, 1);
+    PQsetNoticeReceiver(pq, conn_notice, c);
     c->next = s->conns;
     s->conns = c;
     conn_watch(c, EV_READ);
