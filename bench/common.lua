@@ -1,0 +1,62 @@
+-- common.lua -- helpers shared by the benchmark scripts (loaded with dofile from bench/X.lua).
+local relaybus = require "relaybus"
+local M = {}
+
+-- Resident memory of this process, in KiB (VmRSS from /proc/self/status).
+function M.rss_kib()
+  local f = io.open("/proc/self/status")
+  if not f then return nil end
+  for line in f:lines() do
+    local kb = line:match("^VmRSS:%s+(%d+)%s+kB")
+    if kb then f:close(); return tonumber(kb) end
+  end
+  f:close()
+end
+
+function M.mib(kib) return kib and kib / 1024 or 0 / 0 end
+
+-- Opens a store or stops with its message.
+function M.open(url, opts)
+  local store, err = relaybus.open(url, opts)
+  if not store then
+    io.stderr:write("bench: cannot open ", url, ": ", tostring(err), "\n")
+    os.exit(1)
+  end
+  return store
+end
+
+-- Enqueues n deliveries of one topic with enqueue_many in chunks; returns the seconds taken.
+function M.fill(store, topic, n, chunk)
+  chunk = chunk or 1000
+  local t0 = relaybus.now()
+  local i = 0
+  while i < n do
+    local list = {}
+    for k = 1, math.min(chunk, n - i) do list[k] = { topic, { i = i + k } } end
+    assert(store:enqueue_many(list))
+    i = i + #list
+  end
+  return relaybus.now() - t0
+end
+
+-- A table name unique to this run, for the server stores (the throwaway servers are shared by
+-- several scripts of one run).
+function M.table_name(prefix)
+  return string.format("%s_%d_%d", prefix, os.time(), math.random(0, 99999))
+end
+
+-- Percentile (0..100) of a sorted array, nearest rank.
+function M.percentile(sorted, p)
+  if #sorted == 0 then return 0 / 0 end
+  local k = math.max(1, math.min(#sorted, math.ceil(p / 100 * #sorted)))
+  return sorted[k]
+end
+
+-- "12345" -> "12,345"
+function M.int(n)
+  local s = string.format("%d", math.floor(n + 0.5))
+  local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
+  return (out:gsub("^,", ""))
+end
+
+return M

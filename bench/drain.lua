@@ -1,0 +1,44 @@
+-- drain.lua -- drain rate: enqueue N no-op deliveries (enqueue_many, chunks of 1,000), then time
+-- one dispatcher running them all to completion.
+--   build/relaybus run bench/drain.lua URL [N] [CONCURRENCY] [LABEL]
+-- Prints: LABEL drain: N deliveries in S s = R/s (concurrency C)
+local relaybus = require "relaybus"
+local B = dofile((arg[0]:match("^(.*/)") or "./") .. "common.lua")
+
+local url = arg[1] or "sqlite:bench-drain.db"
+local N = tonumber(arg[2]) or 50000
+local C = tonumber(arg[3]) or 128
+local label = arg[4] or url:match("^(%a+):") or "store"
+
+local opts = {}
+if not url:match("^sqlite:") then opts.table = B.table_name("bench_drain") end
+local store = B.open(url, opts)
+
+local tfill = B.fill(store, "noop", N, 1000)
+print(string.format("%s drain: enqueued %s with enqueue_many in %.2f s (setup)", label, B.int(N), tfill))
+
+local d = relaybus.dispatcher(store, { concurrency = C, poll_interval = 1, lease_duration = 60,
+                                        shutdown_timeout = 30 })
+local done, t_last = 0, nil
+d:handle("noop", function()
+  done = done + 1
+  if done == N then
+    t_last = relaybus.now()
+    relaybus.spawn(function() d:stop { timeout = 30 } end)
+  end
+end)
+
+local t0 = relaybus.now()
+d:start()
+relaybus.run()
+local t1 = relaybus.now()   -- the stop has flushed the last completions
+
+local s = assert(store:stats())
+local dt = t1 - t0
+print(string.format("%s drain: %s deliveries in %.2f s = %s/s (concurrency %d)",
+  label, B.int(N), dt, B.int(N / dt), C))
+if s.pending ~= 0 or s.processing ~= 0 or s.completed ~= N then
+  print(string.format("%s drain: NOTE after the stop: pending %d, processing %d, completed %d, buried %d (expected %d completed)",
+    label, s.pending, s.processing, s.completed, s.buried, N))
+end
+store:close()
