@@ -59,6 +59,7 @@ struct rb_task {
     rb_run *run;                /* NULL for plain tasks */
     rb_signal *signal;          /* the run's signal, or NULL */
     double abort_at;            /* monotonic time of the abort, for the interrupt grace */
+    double deadline;            /* tasks guarded by a named lease: its deadline, else 0 */
     int extra_yield;            /* resumed from a bare coroutine.yield: resume next iteration */
     ev_idle yield_watcher;
     /* Called when the coroutine ends: ok, or the error message. */

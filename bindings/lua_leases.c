@@ -1,314 +1,222 @@
 /* lua_leases.c -- named leases in Lua: store:try_acquire(name, duration) and
  * relaybus.local_leases(), both returning handles with name, deadline, signal, extend and
- * release.
+ * release (runtime/leases.c does the work).
  *
- * The handle's deadline is on the monotonic clock, measured from just before the claim was
- * sent, so it ends before the store's expiry; an ev_timer aborts handle.signal there. The
- * local variant keeps its table of holders in the process (for tests and single-process use). */
+ * A handle can also guard the task that holds it (d:every uses this): at the deadline the
+ * task's pending wait ends with nil, "aborted", and Lua code that keeps running is
+ * interrupted after the grace, exactly as for a handler whose lease ran out. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "leases.h"
 
 #define RB_LOCAL_LEASES_MT "relaybus.local_leases"
 
 typedef struct lua_lease {
+    rb_lease *l;
     rb_module *m;
-    rb_store *s;            /* NULL for a local lease */
-    int local_ref;          /* local: registry ref to the holders table */
-    char name[256];
-    char token[33];
-    double deadline;
-    int released;
-    ev_timer timer;
     rb_signal *signal;
+    rb_task *guarded;       /* the task this lease guards, or NULL */
 } lua_lease;
 
-static void on_lease_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+typedef struct lua_local_leases {
+    rb_store *s;
+} lua_local_leases;
+
+static void on_expire(rb_lease *l, void *ud)
 {
-    (void)loop; (void)revents;
-    lua_lease *l = w->data;
-    if (l->signal) rb_signal_fire(l->signal, RB_ABORT_LEASE);
+    (void)l;
+    lua_lease *h = ud;
+    if (h->signal) rb_signal_fire(h->signal, RB_ABORT_LEASE);
+    rb_task *t = h->guarded;
+    if (t && !t->done && !t->abort_at) {
+        t->abort_at = rb_monotonic();
+        rb_task_abort(t);
+    }
 }
 
-static void arm(lua_lease *l)
+static void push_handle(lua_State *L, rb_module *m, rb_lease *l, int store_idx)
 {
-    ev_timer_stop(l->m->loop, &l->timer);
-    double wait = l->deadline - rb_monotonic();
-    ev_timer_set(&l->timer, wait > 0 ? wait : 0, 0);
-    ev_timer_start(l->m->loop, &l->timer);
-}
-
-/* Pushes a new handle (with its signal in user value 1). */
-static lua_lease *push_handle(lua_State *L, rb_module *m, const char *name, const char *token,
-                              double deadline)
-{
-    lua_lease *l = lua_newuserdatauv(L, sizeof *l, 2);
-    memset(l, 0, sizeof *l);
-    l->m = m;
-    l->local_ref = LUA_NOREF;
-    snprintf(l->name, sizeof l->name, "%s", name);
-    memcpy(l->token, token, 33);
-    l->deadline = deadline;
+    lua_lease *h = lua_newuserdatauv(L, sizeof *h, 2);
+    memset(h, 0, sizeof *h);
+    h->l = l;
+    h->m = m;
     luaL_setmetatable(L, RB_LEASE_MT);
-    l->signal = rb_signal_push(L, m);
+    h->signal = rb_signal_push(L, m);
     lua_setiuservalue(L, -2, 1);
-    ev_timer_init(&l->timer, on_lease_deadline, 0, 0);
-    l->timer.data = l;
-    arm(l);
-    return l;
+    lua_pushvalue(L, store_idx);
+    lua_setiuservalue(L, -2, 2);    /* the store outlives its handles */
+    rb_lease_on_expire(l, on_expire, h);
 }
 
-/* The margin keeps our deadline ahead of the store's expiry (clock rates, the round trip). */
-static double margin_for(double duration)
+static void on_acquired(void *ud, const char *err, rb_lease *l)
 {
-    double m = duration * 0.1;
-    if (m < 0.05) m = 0.05;
-    if (m > 5) m = 5;
-    return m;
-}
-
-typedef struct acquire_wait {
-    rb_await *w;
-    double sent_at, duration;
-} acquire_wait;
-
-static void on_acquired(void *ud, const char *err, int acquired, double expires_at)
-{
-    (void)expires_at;
-    acquire_wait *a = ud;
-    rb_await *w = a->w;
+    rb_await *w = ud;
     lua_State *T = rb_await_target(w);
     int nres = 0;
-    if (T) {
-        if (err) {
-            lua_pushnil(T);
-            lua_pushstring(T, err);
-            nres = 2;
-        } else if (acquired) {
-            lua_pushnumber(T, a->sent_at + a->duration - margin_for(a->duration));
-            nres = 1;
-        } else {
-            lua_pushnil(T);
-            nres = 1;
-        }
+    if (!T) {
+        if (l) rb_lease_free(l);    /* the waiter was aborted; the claim runs out */
+    } else if (err) {
+        lua_pushnil(T);
+        lua_pushstring(T, err);
+        nres = 2;
+    } else if (l) {
+        lua_pushlightuserdata(T, l);
+        nres = 1;
+    } else {
+        lua_pushnil(T);
+        nres = 1;
     }
-    free(a);
     rb_await_resolve(w, nres);
 }
 
-static void check_name(lua_State *L, int idx)
+static int try_acquire(lua_State *L, rb_store *s)
 {
     size_t len;
-    luaL_checklstring(L, idx, &len);
-    if (len == 0 || len >= 256) rb_misuse(L, "lease name must be 1 to 255 bytes");
-}
-
-int rb_lua_try_acquire(lua_State *L)
-{
-    rb_store *s = rb_lua_check_store(L, 1);
-    check_name(L, 2);
-    const char *name = lua_tostring(L, 2);
+    luaL_checklstring(L, 2, &len);
+    if (len == 0 || len > 255) return rb_misuse(L, "try_acquire: name must be 1 to 255 bytes");
     double duration = luaL_checknumber(L, 3);
-    if (!(duration > 0)) return rb_misuse(L, "try_acquire: duration must be > 0");
-    if (!s->vt->lease_acquire) return rb_misuse(L, "named leases are not supported by this store");
-    char token[33];
-    rb_random_token(token);
-    acquire_wait *a = malloc(sizeof *a);
-    if (!a) return luaL_error(L, "relaybus: out of memory");
+    if (!(duration > 0) || !isfinite(duration)) return rb_misuse(L, "try_acquire: duration must be > 0");
+    lua_settop(L, 3);
     rb_await *w = rb_await_begin(L);
-    if (!w) {
-        free(a);
-        return 2;
-    }
-    a->w = w;
-    a->sent_at = rb_monotonic();
-    a->duration = duration;
-    s->vt->lease_acquire(s, name, token, duration, on_acquired, a);
+    if (!w) return 2;
+    rb_lease_try_acquire(s, lua_tostring(L, 2), duration, on_acquired, w);
     int n = rb_await_finish(L, w);
-    if (n == 1 && lua_isnumber(L, -1)) {
-        double deadline = lua_tonumber(L, -1);
+    if (n == 1 && lua_islightuserdata(L, -1)) {
+        rb_lease *l = lua_touserdata(L, -1);
         lua_pop(L, 1);
-        lua_lease *l = push_handle(L, rb_module_get(L), name, token, deadline);
-        l->s = s;
-        lua_pushvalue(L, 1);
-        lua_setiuservalue(L, -2, 2);    /* keep the store alive with the handle */
+        push_handle(L, rb_module_get(L), l, 1);
         return 1;
     }
     return n;
 }
 
-/* ---- local leases: holders kept in a Lua table {name = {token, expires}} --------------------- */
-static int local_try_acquire(lua_State *L)
-{
-    luaL_checkudata(L, 1, RB_LOCAL_LEASES_MT);
-    check_name(L, 2);
-    double duration = luaL_checknumber(L, 3);
-    if (!(duration > 0)) return rb_misuse(L, "try_acquire: duration must be > 0");
-    double now = rb_monotonic();
-    lua_getiuservalue(L, 1, 1);
-    int holders = lua_gettop(L);
-    lua_getfield(L, holders, lua_tostring(L, 2));
-    if (lua_istable(L, -1)) {
-        lua_getfield(L, -1, "expires");
-        double expires = lua_tonumber(L, -1);
-        if (expires > now) {
-            lua_pushnil(L);
-            return 1;
-        }
-    }
-    char token[33];
-    rb_random_token(token);
-    lua_createtable(L, 0, 2);
-    lua_pushstring(L, token);
-    lua_setfield(L, -2, "token");
-    lua_pushnumber(L, now + duration);
-    lua_setfield(L, -2, "expires");
-    lua_setfield(L, holders, lua_tostring(L, 2));
-    lua_lease *l = push_handle(L, rb_module_get(L), lua_tostring(L, 2), token, now + duration);
-    lua_pushvalue(L, holders);
-    l->local_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    return 1;
-}
+int rb_lua_try_acquire(lua_State *L) { return try_acquire(L, rb_lua_check_store(L, 1)); }
 
-/* Returns 1 and leaves the holder entry on the stack when l still holds its name. */
-static int local_holds(lua_State *L, lua_lease *l)
+static int l_local_try_acquire(lua_State *L)
 {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, l->local_ref);
-    lua_getfield(L, -1, l->name);
-    if (!lua_istable(L, -1)) return 0;
-    lua_getfield(L, -1, "token");
-    lua_getfield(L, -2, "expires");
-    int ok = strcmp(lua_tostring(L, -2) ? lua_tostring(L, -2) : "", l->token) == 0 &&
-             lua_tonumber(L, -1) > rb_monotonic();
-    lua_pop(L, 2);
-    return ok;
+    lua_local_leases *ll = luaL_checkudata(L, 1, RB_LOCAL_LEASES_MT);
+    return try_acquire(L, ll->s);
 }
 
 int rb_lua_local_leases(lua_State *L)
 {
-    lua_newuserdatauv(L, 0, 1);
-    lua_newtable(L);
-    lua_setiuservalue(L, -2, 1);
+    rb_module *m = rb_module_get(L);
+    lua_local_leases *ll = lua_newuserdatauv(L, sizeof *ll, 0);
+    ll->s = rb_local_leases_new(m->loop);
+    if (!ll->s) return luaL_error(L, "relaybus: out of memory");
     luaL_setmetatable(L, RB_LOCAL_LEASES_MT);
     return 1;
 }
 
-/* ---- handle methods ------------------------------------------------------------------------- */
-typedef struct extend_wait {
-    rb_await *w;
-    lua_lease *l;
-    double sent_at, duration;
-    int release;
-} extend_wait;
-
-static void on_extended(void *ud, const char *err, int ok, double expires_at)
+static int l_local_gc(lua_State *L)
 {
-    (void)expires_at;
-    extend_wait *e = ud;
-    rb_await *w = e->w;
+    lua_local_leases *ll = luaL_checkudata(L, 1, RB_LOCAL_LEASES_MT);
+    if (ll->s) ll->s->vt->close(ll->s);
+    ll->s = NULL;
+    return 0;
+}
+
+/* ---- handle methods ------------------------------------------------------------------------- */
+static lua_lease *check_handle(lua_State *L)
+{
+    lua_lease *h = luaL_checkudata(L, 1, RB_LEASE_MT);
+    if (!h->l) rb_misuse(L, "lease handle is closed");
+    return h;
+}
+
+typedef struct done_wait {
+    rb_await *w;
+    lua_lease *h;
+} done_wait;
+
+static void on_done(void *ud, const char *err, int ok)
+{
+    done_wait *dw = ud;
+    rb_await *w = dw->w;
     lua_State *T = rb_await_target(w);
     int nres = 0;
     if (T) {
-        if (err) {
-            lua_pushnil(T);
-            lua_pushstring(T, err);
-            nres = 2;
-        } else if (ok) {
-            if (!e->release) {
-                e->l->deadline = e->sent_at + e->duration - margin_for(e->duration);
-                arm(e->l);
-            } else {
-                e->l->released = 1;
-                ev_timer_stop(e->l->m->loop, &e->l->timer);
-            }
+        if (ok) {
             lua_pushboolean(T, 1);
             nres = 1;
+            if (dw->h->guarded) dw->h->guarded->deadline = rb_lease_deadline(dw->h->l);
         } else {
             lua_pushnil(T);
-            lua_pushliteral(T, "lease lost");
+            lua_pushstring(T, err ? err : "lease lost");
             nres = 2;
         }
     }
-    free(e);
+    free(dw);
     rb_await_resolve(w, nres);
 }
 
 static int lease_op(lua_State *L, int release)
 {
-    lua_lease *l = luaL_checkudata(L, 1, RB_LEASE_MT);
+    lua_lease *h = check_handle(L);
     double duration = 0;
     if (!release) {
-        lua_getiuservalue(L, 1, 1);
-        duration = luaL_optnumber(L, 2, l->deadline > 0 ? 0 : 0);
-        lua_pop(L, 1);
-        if (duration < 0) return rb_misuse(L, "extend: duration must be > 0");
+        duration = luaL_optnumber(L, 2, 0);
+        if (duration < 0 || !isfinite(duration)) return rb_misuse(L, "extend: duration must be > 0");
     }
-    if (l->released) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "lease released");
-        return 2;
-    }
-    /* Past our own deadline the claim is no longer ours, whatever the store would say. */
-    if (rb_monotonic() >= l->deadline) {
-        if (l->signal) rb_signal_fire(l->signal, RB_ABORT_LEASE);
-        lua_pushnil(L);
-        lua_pushliteral(L, "lease lost");
-        return 2;
-    }
-    if (!l->s) {
-        int holds = local_holds(L, l);
-        if (!holds) {
-            lua_pushnil(L);
-            lua_pushliteral(L, "lease lost");
-            return 2;
-        }
-        int holders = lua_gettop(L) - 1;
-        if (release) {
-            lua_pushnil(L);
-            lua_setfield(L, holders, l->name);
-            l->released = 1;
-            ev_timer_stop(l->m->loop, &l->timer);
-        } else {
-            if (duration <= 0) duration = 30;
-            double now = rb_monotonic();
-            lua_pushnumber(L, now + duration);
-            lua_setfield(L, -2, "expires");
-            l->deadline = now + duration;
-            arm(l);
-        }
-        lua_pushboolean(L, 1);
-        return 1;
-    }
-    extend_wait *e = calloc(1, sizeof *e);
-    if (!e) return luaL_error(L, "relaybus: out of memory");
+    lua_settop(L, 1);       /* the handle stays on the stack while we wait */
+    lua_getiuservalue(L, 1, 2);
+    if (luaL_testudata(L, -1, RB_STORE_MT)) rb_lua_check_store(L, -1);  /* raises if closed */
+    lua_pop(L, 1);
+    done_wait *dw = malloc(sizeof *dw);
+    if (!dw) return luaL_error(L, "relaybus: out of memory");
     rb_await *w = rb_await_begin(L);
     if (!w) {
-        free(e);
+        free(dw);
         return 2;
     }
-    if (duration <= 0) duration = 30;
-    e->w = w;
-    e->l = l;
-    e->sent_at = rb_monotonic();
-    e->duration = duration;
-    e->release = release;
-    lua_pushvalue(L, 1);    /* keeps the handle alive while we wait */
-    if (release) l->s->vt->lease_release(l->s, l->name, l->token, on_extended, e);
-    else l->s->vt->lease_extend(l->s, l->name, l->token, duration, on_extended, e);
+    dw->w = w;
+    dw->h = h;
+    if (release) rb_lease_release(h->l, on_done, dw);
+    else rb_lease_extend(h->l, duration, on_done, dw);
+    if (rb_lease_over(h->l) && h->signal && !release) rb_signal_fire(h->signal, RB_ABORT_LEASE);
     return rb_await_finish(L, w);
 }
 
 static int l_lease_extend(lua_State *L) { return lease_op(L, 0); }
 static int l_lease_release(lua_State *L) { return lease_op(L, 1); }
 
+/* handle:_guard(): the running task is stopped at this lease's deadline (see the top). */
+static int l_lease_guard(lua_State *L)
+{
+    lua_lease *h = check_handle(L);
+    rb_task *t = rb_task_current(L);
+    if (!t) return rb_misuse(L, "_guard must be called inside a relaybus coroutine");
+    h->guarded = t;
+    t->signal = h->signal;
+    t->deadline = rb_lease_deadline(h->l);
+    t->abort_at = 0;
+    rb_task_install_hook(t);
+    return 0;
+}
+
+static int l_lease_unguard(lua_State *L)
+{
+    lua_lease *h = check_handle(L);
+    rb_task *t = h->guarded;
+    if (t) {
+        t->signal = NULL;
+        t->deadline = 0;
+        t->abort_at = 0;
+        lua_sethook(t->co, NULL, 0, 0);
+    }
+    h->guarded = NULL;
+    return 0;
+}
+
 static int l_lease_index(lua_State *L)
 {
-    lua_lease *l = luaL_checkudata(L, 1, RB_LEASE_MT);
+    lua_lease *h = luaL_checkudata(L, 1, RB_LEASE_MT);
     const char *k = luaL_checkstring(L, 2);
-    if (strcmp(k, "name") == 0) lua_pushstring(L, l->name);
-    else if (strcmp(k, "deadline") == 0) lua_pushnumber(L, l->deadline);
+    if (h->l && strcmp(k, "name") == 0) lua_pushstring(L, rb_lease_name(h->l));
+    else if (h->l && strcmp(k, "deadline") == 0) lua_pushnumber(L, rb_lease_deadline(h->l));
     else if (strcmp(k, "signal") == 0) lua_getiuservalue(L, 1, 1);
-    else if (strcmp(k, "token") == 0) lua_pushstring(L, l->token);
     else {
         lua_getmetatable(L, 1);
         lua_getfield(L, -1, "methods");
@@ -319,16 +227,17 @@ static int l_lease_index(lua_State *L)
 
 static int l_lease_gc(lua_State *L)
 {
-    lua_lease *l = luaL_checkudata(L, 1, RB_LEASE_MT);
-    ev_timer_stop(l->m->loop, &l->timer);
-    if (l->local_ref != LUA_NOREF && !l->m->closing) luaL_unref(L, LUA_REGISTRYINDEX, l->local_ref);
-    l->local_ref = LUA_NOREF;
+    lua_lease *h = luaL_checkudata(L, 1, RB_LEASE_MT);
+    if (h->l) rb_lease_free(h->l);
+    h->l = NULL;
     return 0;
 }
 
 static const luaL_Reg lease_methods[] = {
     {"extend", l_lease_extend},
     {"release", l_lease_release},
+    {"_guard", l_lease_guard},
+    {"_unguard", l_lease_unguard},
     {NULL, NULL}
 };
 
@@ -344,8 +253,10 @@ void rb_lua_leases_register(lua_State *L)
     lua_pop(L, 1);
     luaL_newmetatable(L, RB_LOCAL_LEASES_MT);
     lua_newtable(L);
-    lua_pushcfunction(L, local_try_acquire);
+    lua_pushcfunction(L, l_local_try_acquire);
     lua_setfield(L, -2, "try_acquire");
     lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_local_gc);
+    lua_setfield(L, -2, "__gc");
     lua_pop(L, 1);
 }

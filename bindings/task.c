@@ -6,6 +6,7 @@
  * (then it runs the loop until the result arrives). An abort ends the pending wait at once;
  * a count hook reads the clock itself so that Lua code that never yields is still stopped. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
@@ -29,11 +30,22 @@ rb_task *rb_task_current(lua_State *L)
     return (t && t->co == L) ? t : NULL;
 }
 
+/* Aborts a task guarded by a named lease whose deadline has passed. */
+static void guard_check(rb_task *t, double now)
+{
+    if (t->deadline > 0 && !t->abort_at && now >= t->deadline) {
+        t->abort_at = now;
+        if (t->signal) rb_signal_fire(t->signal, RB_ABORT_LEASE);
+    }
+}
+
 int rb_task_is_aborted(rb_task *t)
 {
-    if (!t || !t->run) return 0;
+    if (!t) return 0;
     /* Reading the clock here is what makes a frozen process notice its deadline. */
-    return rb_run_check(t->run) != RB_ABORT_NONE || (t->signal && t->signal->reason);
+    if (t->run) return rb_run_check(t->run) != RB_ABORT_NONE || (t->signal && t->signal->reason);
+    guard_check(t, rb_monotonic());
+    return t->abort_at > 0;
 }
 
 /* ---- await ---------------------------------------------------------------------------------- */
@@ -186,14 +198,20 @@ static void count_hook(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
     rb_task *t = rb_task_current(L);
-    if (!t || !t->run || !t->running) return;
+    if (!t || !t->running) return;
     double now = rb_monotonic();
-    if (!t->abort_at && now >= rb_run_deadline(t->run)) rb_run_check(t->run);
+    if (t->run) {
+        if (!t->abort_at && now >= rb_run_deadline(t->run)) rb_run_check(t->run);
+    } else {
+        guard_check(t, now);
+    }
     if (t->abort_at && now >= t->abort_at + RB_ABORT_GRACE) {
         const char *why = t->signal && t->signal->reason_name ? t->signal->reason_name : "abort";
-        luaL_error(L, "relaybus: handler interrupted %.2fs after its %s abort (it did not "
-                      "yield: long computations must yield now and then, e.g. ctx:sleep(0))",
-                   now - t->abort_at, why);
+        char msg[256];
+        snprintf(msg, sizeof msg, "relaybus: interrupted %.2fs after its %s abort (it did not "
+                 "yield: long computations must yield now and then, e.g. ctx:sleep(0))",
+                 now - t->abort_at, why);
+        luaL_error(L, "%s", msg);
     }
 }
 

@@ -84,9 +84,12 @@ return function(relaybus)
       local h = store:try_acquire(lease_name, job.interval)
       local next_try = relaybus.now() + math.min(job.interval, 1) * 0.5
       if h then
+        -- Stopped at the lease's deadline like a handler: waits end, spinning Lua is cut.
         local ctx = {signal = h.signal, deadline = h.deadline, lease = h, name = job.name}
         function ctx.sleep(_, s) return relaybus.sleep(s) end
+        h:_guard()
         local ok, err = pcall(job.fn, ctx)
+        h:_unguard()
         if not ok then
           io.stderr:write("relaybus: every '", job.name, "' failed: ", tostring(err), "\n")
         end
@@ -97,15 +100,46 @@ return function(relaybus)
     end
   end
 
+  -- Retention: one instance at a time (a named lease) purges completed deliveries older
+  -- than `retention` seconds, in bounded batches so claims are never blocked for long.
+  local retention_of = setmetatable({}, {__mode = "k"})
+  local new_dispatcher = relaybus.dispatcher
+  function relaybus.dispatcher(store, opts)
+    local d = new_dispatcher(store, opts)
+    local r = opts and opts.retention
+    if r ~= nil and (type(r) ~= "number" or r < 0) then
+      error("relaybus: dispatcher: retention must be a number of seconds >= 0", 2)
+    end
+    retention_of[d] = r or 7 * 86400
+    return d
+  end
+
+  local PURGE_BATCH = 1000
+  local function run_retention(d, store, retention)
+    local period = math.max(1, math.min(retention / 4, 60))
+    while d:stats().running and not d:stats().stopping do
+      local h = store:try_acquire("relaybus.retention", period)
+      if h then
+        repeat
+          local n = store:purge{status = "completed", older_than = retention, limit = PURGE_BATCH}
+          if n and n >= PURGE_BATCH then relaybus.sleep(0) end
+        until not n or n < PURGE_BATCH or h.signal.aborted or d:stats().stopping
+      end
+      relaybus.sleep(period)
+    end
+  end
+
   local start = dispatcher_mt.__index.start
   function dispatcher_mt.__index.start(d)
     local first = not d:stats().running
     start(d)
-    if first and every_list[d] then
+    if first then
       local store = d:_store()
-      for _, job in ipairs(every_list[d]) do
+      for _, job in ipairs(every_list[d] or {}) do
         relaybus.spawn(run_every, d, store, job)
       end
+      local retention = retention_of[d]
+      if retention and retention > 0 then relaybus.spawn(run_retention, d, store, retention) end
     end
     return d
   end
