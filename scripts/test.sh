@@ -24,6 +24,7 @@ START=$(date +%s)
 passed=0
 failed=0
 pending=0
+runs=0
 problems=()
 
 say() { echo "test.sh: $*" >&2; }
@@ -130,7 +131,8 @@ run_busted() {
     fi
     [ "$left" -lt "$limit" ] && limit=$left
   fi
-  local out=$TMP/tap.out
+  runs=$((runs + 1))
+  local out=$TMP/tap.$runs.out   # a new file each run: tail shows nothing stale
   say "busted $label"
   # Output goes to a file, shown live by tail: a stray child that keeps the spec's stdout
   # open cannot hang the run.
