@@ -126,7 +126,9 @@ static const char *const stmt_templates[ST_COUNT] = {
         "  last_error = CASE WHEN d.attempts >= d.max_attempts"
         "   THEN coalesce(d.last_error, 'max attempts exceeded') ELSE d.last_error END,"
         "  settled_at = CASE WHEN d.attempts >= d.max_attempts THEN now() END"
-        "  FROM c WHERE d.id = c.id RETURNING d.*)"
+        /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be
+         * planned as a hash join over a scan of the whole table */
+        "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)"
         " SELECT " COLS " FROM u WHERE status = 'processing' ORDER BY run_at, id",
     /* kinds are rb_settle_kind: 0 complete, 1 reschedule, 2 bury, 3 release, 4 extend */
     [ST_SETTLE] =
