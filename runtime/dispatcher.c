@@ -658,11 +658,11 @@ static void on_tx_begun(void *ud, const char *err, rb_tx *tx)
         if (tx) d->store->vt->rollback(tx, NULL, NULL);
         if (err) rb_log(RB_LOG_WARN, "cannot begin a transaction for %s: %s", run->rec->id, err);
         run->state = RUN_SETTLING;
-        if (run->abandoned || run->aborted == RB_ABORT_LEASE) run_settled(run);
-        else if (run->aborted == RB_ABORT_SHUTDOWN || d->stopping)
-            write_final(run, RB_OP_RELEASE, 0, NULL);
-        else if (err) write_final(run, RB_OP_RELEASE, 1, NULL);
-        else run_settled(run);
+        if (!run->aborted && rb_monotonic() >= run_effective_deadline(run))
+            run->aborted = deadline_reason(run);
+        /* A transaction that cannot begin fails the run: retried with backoff, and its
+         * last_error tells why (e.g. MongoDB without a replica set). */
+        settle_outcome(run, 0, err ? err : "transaction could not begin");
         run_release_ref(run);
         return;
     }
