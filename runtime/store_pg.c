@@ -101,6 +101,14 @@ static const char *const migrations[] = {
     "  PERFORM pg_notify('@T', '');\n"
     "END\n"
     "$f$;\n",
+    /* 2: any INSERT wakes idle dispatchers, so applications in any language can enqueue with
+     * plain SQL in their own transactions (NOTIFY is delivered at commit, once per payload). */
+    "CREATE OR REPLACE FUNCTION \"@T_notify\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n"
+    "BEGIN PERFORM pg_notify('@T', ''); RETURN NULL; END\n"
+    "$f$;\n"
+    "DROP TRIGGER IF EXISTS \"@T_notify\" ON \"@T\";\n"
+    "CREATE TRIGGER \"@T_notify\" AFTER INSERT ON \"@T\""
+    " FOR EACH STATEMENT EXECUTE FUNCTION \"@T_notify\"();\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
