@@ -11,8 +11,8 @@
 #include "http.h"
 #include "internal.h"
 
-#define STATE_KEY "relaybus.http.state"
-#define STATE_MT "relaybus.http.state"
+#define STATE_KEY "relaybus.http.transport"   /* registry: the userdata */
+#define STATE_MT "relaybus.http.transport_mt"
 
 /* Lives outside Lua memory: the module's cut hook keeps a pointer to it for the whole life
  * of the Lua state, possibly after the userdata that owns the transport was collected. */
