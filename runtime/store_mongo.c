@@ -365,11 +365,49 @@ static void cas_drop_tickets(mongoc_collection_t *tk, cas_op *ops, size_t n, con
     }
 }
 
+/* FerretDB 1.24 keeps every statement of an update command holding a SQLite connection until
+ * the whole command ends (a defer inside its loop): a bulk of k updates pins k of its 100
+ * pooled connections, and two such bulks at once deadlock the server for good. So there each
+ * write is a command of its own. -1: the store could not be asked; else codes[i] per op. */
+static int cas_write_each(mjob *j, mongoc_collection_t *docs, cas_op *ops, size_t n, int *codes)
+{
+    for (size_t i = 0; i < n; i++) {
+        bson_error_t e;
+        codes[i] = 0;
+        if (!ops[i].won) continue;
+        int ok = ops[i].update
+                     ? mongoc_collection_update_one(docs, &ops[i].filter, ops[i].update, NULL, NULL, &e)
+                     : mongoc_collection_delete_one(docs, &ops[i].filter, NULL, NULL, &e);
+        if (ok) continue;
+        if (e.domain != MONGOC_ERROR_SERVER && e.domain != MONGOC_ERROR_WRITE_CONCERN) {
+            jfail_bson(j, "write", &e);
+            return -1;
+        }
+        codes[i] = e.code ? (int)e.code : 1;
+    }
+    return 0;
+}
+
+static void cas_refused(mongoc_collection_t *tk, cas_op *ops, size_t n, int *codes)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!codes[i]) continue;
+        ops[i].won = 0;
+        ops[i].code = codes[i];
+    }
+    cas_drop_tickets(tk, ops, n, codes);
+}
+
 /* Applies ops whose tickets were won; a write the server refused (e.g. the dedupe index)
  * gives its ticket back at once, since the document did not change. */
 static int cas_write(mjob *j, mongoc_collection_t *docs, mongoc_collection_t *tk,
                      cas_op *ops, size_t n, int *codes)
 {
+    if (j->s->ferret) {
+        if (cas_write_each(j, docs, ops, n, codes) < 0) return -1;
+        cas_refused(tk, ops, n, codes);
+        return 0;
+    }
     size_t *map = malloc((n ? n : 1) * sizeof *map), m = 0;
     int *wcodes = malloc((n ? n : 1) * sizeof *wcodes);
     if (!map || !wcodes) {
@@ -389,14 +427,8 @@ static int cas_write(mjob *j, mongoc_collection_t *docs, mongoc_collection_t *tk
         r = bulk_run(j, b, wcodes, m, "write");
         if (r == 0) {
             for (size_t i = 0; i < n; i++) codes[i] = 0;
-            for (size_t k = 0; k < m; k++) {
-                if (!wcodes[k]) continue;
-                ops[map[k]].won = 0;
-                ops[map[k]].code = wcodes[k];
-                codes[map[k]] = 1;
-            }
-            cas_drop_tickets(tk, ops, n, codes);
-            r = 0;
+            for (size_t k = 0; k < m; k++) codes[map[k]] = wcodes[k];
+            cas_refused(tk, ops, n, codes);
         }
     } else {
         mongoc_bulk_operation_destroy(b);
