@@ -169,6 +169,11 @@ static int l_gc_module(lua_State *L)
     rb_module *m = lua_touserdata(L, 1);
     m->closing = 1;
     rb_module_run_cut_hooks(m);
+    for (cut_hook *h = m->cut_hooks, *next; h; h = next) {
+        next = h->next;
+        free(h);
+    }
+    m->cut_hooks = NULL;
     return 0;
 }
 
