@@ -42,6 +42,7 @@ struct rb_tx {
     mstore *s;                  /* NULL once the store closed under it */
     mongoc_client_t *client;    /* popped from the pool for the transaction's lifetime */
     mongoc_client_session_t *cs;
+    int enqueued;               /* wake local dispatchers once this commits */
     rb_tx *prev, *next;
 };
 
@@ -859,7 +860,8 @@ out:
 static void enq_done(mjob *j, const char *err)
 {
     enq_job *q = (enq_job *)j;
-    if (!err) rb_store_notify_local(&j->s->base);
+    if (!err && j->tx) j->tx->enqueued = 1;     /* not visible before the commit */
+    else if (!err) rb_store_notify_local(&j->s->base);
     q->cb(q->ud, err, err ? NULL : q->ids, err ? 0 : q->n);
     enq_free(q);
 }
@@ -2068,15 +2070,16 @@ static int tx_complete(tx_job *q, mongoc_client_t *c)
         BSON_APPEND_UTF8(&t, "_id", cop.ticket);
         BSON_APPEND_UTF8(&t, "d", cop.owner);
         BSON_APPEND_DOUBLE(&t, "at", now);
+        int sent = 0;
         if (mongoc_client_session_append(cs, &opts, &e) &&
             mongoc_collection_insert_one(tk, &t, &opts, NULL, &e) &&
-            mongoc_collection_update_one(cl, &cop.filter, cop.update, &opts, &reply, &e)) {
+            (sent = 1) && mongoc_collection_update_one(cl, &cop.filter, cop.update, &opts, &reply, &e)) {
             r = reply_count(&reply, "modifiedCount") == 1;
-            bson_destroy(&reply);
         } else {
             r = e.code == 11000 || e.code == 112 ? 0 : -1;   /* duplicate ticket, write conflict */
             if (r < 0) jfail_bson(j, "commit", &e);
         }
+        if (sent) bson_destroy(&reply);     /* update_one always initialises it */
         bson_destroy(&opts);
         bson_destroy(&t);
         bson_destroy(&cop.sel);
@@ -2115,11 +2118,14 @@ static void end_done(mjob *j, const char *err)
 {
     tx_job *q = (tx_job *)j;
     rb_tx *tx = q->tx;
-    if (tx->s) {
-        tx_unlink(tx->s, tx);
+    mstore *s = tx->s;
+    if (s) {
+        tx_unlink(s, tx);
         tx_release(tx);
     }
+    int wake = s && !err && q->commit && tx->enqueued && (!q->complete || q->complete->applied);
     free(tx);
+    if (wake) rb_store_notify_local(&s->base);
     q->cb.done(q->ud, err);
     free(q);
 }
@@ -2362,6 +2368,8 @@ rb_store *rb_mongo_open(struct ev_loop *loop, const char *uri, const rb_store_op
                         char *err, size_t errlen)
 {
     pthread_once(&mongoc_once, mongoc_global_init);
+    char warm[33];
+    rb_random_token(warm);  /* opens its urandom fd here, before worker threads share it */
     mstore *s = store_new(loop, opts);
     if (!s) {
         snprintf(err, errlen, "mongodb: out of memory");
