@@ -1,7 +1,8 @@
 -- drain.lua -- drain rate: enqueue N no-op deliveries (enqueue_many, chunks of 1,000), then time
 -- one dispatcher running them all to completion.
---   build/relaybus run bench/drain.lua URL [N] [CONCURRENCY] [LABEL]
+--   build/relaybus run bench/drain.lua URL [N] [CONCURRENCY] [LABEL] [LIMIT]
 -- Prints: LABEL drain: N deliveries in S s = R/s (concurrency C)
+-- LIMIT (seconds, default 300): a watchdog stops the dispatcher then and prints what was done.
 local relaybus = require "relaybus"
 local B = dofile((arg[0]:match("^(.*/)") or "./") .. "common.lua")
 
@@ -9,6 +10,7 @@ local url = arg[1] or "sqlite:bench-drain.db"
 local N = tonumber(arg[2]) or 50000
 local C = tonumber(arg[3]) or 128
 local label = arg[4] or url:match("^(%a+):") or "store"
+local LIMIT = tonumber(arg[5]) or 300
 
 local opts = {}
 if not url:match("^sqlite:") then opts.table = B.table_name("bench_drain") end
@@ -28,10 +30,31 @@ d:handle("noop", function()
   end
 end)
 
+local stopped_early = false
+relaybus.spawn(function()
+  local t = relaybus.now()
+  while done < N do
+    if relaybus.now() - t >= LIMIT then
+      stopped_early = true
+      print(string.format("%s drain: NOTE stopped by the watchdog after %d s with %s of %s handlers run",
+        label, LIMIT, B.int(done), B.int(N)))
+      d:stop { timeout = 10 }
+      return
+    end
+    relaybus.sleep(0.5)
+  end
+end)
+
 local t0 = relaybus.now()
 d:start()
 relaybus.run()
 local t1 = relaybus.now()   -- the stop has flushed the last completions
+if stopped_early then
+  local dt = (t_last or t1) - t0
+  print(string.format("%s drain: INCOMPLETE %s of %s deliveries in %.2f s = %s/s (concurrency %d)",
+    label, B.int(done), B.int(N), dt, B.int(done / dt), C))
+  os.exit(1)
+end
 
 local s = assert(store:stats())
 local dt = t1 - t0
