@@ -50,9 +50,18 @@ static void push_handle(lua_State *L, rb_module *m, rb_lease *l, int store_idx)
     rb_lease_on_expire(l, on_expire, h);
 }
 
+typedef struct acquire_wait {
+    rb_await *w;
+    int store_ref;          /* the store (or local leases) userdata, for the handle */
+    rb_module *m;
+} acquire_wait;
+
+/* Builds the handle here, in the callback: a waiting coroutine resumes straight into its
+ * caller with these results, so nothing can run after rb_await_finish. */
 static void on_acquired(void *ud, const char *err, rb_lease *l)
 {
-    rb_await *w = ud;
+    acquire_wait *a = ud;
+    rb_await *w = a->w;
     lua_State *T = rb_await_target(w);
     int nres = 0;
     if (!T) {
@@ -62,12 +71,16 @@ static void on_acquired(void *ud, const char *err, rb_lease *l)
         lua_pushstring(T, err);
         nres = 2;
     } else if (l) {
-        lua_pushlightuserdata(T, l);
+        lua_rawgeti(T, LUA_REGISTRYINDEX, a->store_ref);
+        push_handle(T, a->m, l, lua_gettop(T));
+        lua_remove(T, -2);
         nres = 1;
     } else {
         lua_pushnil(T);
         nres = 1;
     }
+    if (!a->m->closing) luaL_unref(a->m->L, LUA_REGISTRYINDEX, a->store_ref);
+    free(a);
     rb_await_resolve(w, nres);
 }
 
@@ -79,17 +92,19 @@ static int try_acquire(lua_State *L, rb_store *s)
     double duration = luaL_checknumber(L, 3);
     if (!(duration > 0) || !isfinite(duration)) return rb_misuse(L, "try_acquire: duration must be > 0");
     lua_settop(L, 3);
+    acquire_wait *a = malloc(sizeof *a);
+    if (!a) return luaL_error(L, "relaybus: out of memory");
     rb_await *w = rb_await_begin(L);
-    if (!w) return 2;
-    rb_lease_try_acquire(s, lua_tostring(L, 2), duration, on_acquired, w);
-    int n = rb_await_finish(L, w);
-    if (n == 1 && lua_islightuserdata(L, -1)) {
-        rb_lease *l = lua_touserdata(L, -1);
-        lua_pop(L, 1);
-        push_handle(L, rb_module_get(L), l, 1);
-        return 1;
+    if (!w) {
+        free(a);
+        return 2;
     }
-    return n;
+    a->w = w;
+    a->m = rb_module_get(L);
+    lua_pushvalue(L, 1);
+    a->store_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    rb_lease_try_acquire(s, lua_tostring(L, 2), duration, on_acquired, a);
+    return rb_await_finish(L, w);
 }
 
 int rb_lua_try_acquire(lua_State *L) { return try_acquire(L, rb_lua_check_store(L, 1)); }

@@ -360,36 +360,30 @@ static int l_store_purge(lua_State *L)
     return rb_await_finish(L, w);
 }
 
-static void on_begun(void *ud, const char *err, rb_tx *tx)
-{
-    rb_await *w = ud;
-    lua_State *T = rb_await_target(w);
-    int nres = 0;
-    if (T && err) nres = push_err(T, err);
-    else if (T) {
-        lua_pushlightuserdata(T, tx);
-        nres = 1;
-    }
-    rb_await_resolve(w, nres);
-}
-
 typedef struct begin_wait {
     rb_await *w;
     rb_store *s;
 } begin_wait;
 
-static void on_begun_ctx(void *ud, const char *err, rb_tx *tx)
+/* The tx object is made here, in the callback: a waiting coroutine resumes straight into its
+ * caller with these results. */
+static void on_begun(void *ud, const char *err, rb_tx *tx)
 {
     begin_wait *b = ud;
     rb_store *s = b->s;
     rb_await *w = b->w;
     free(b);
-    if (!rb_await_target(w) && tx) {
-        s->vt->rollback(tx, NULL, NULL);    /* the waiter was aborted */
-        rb_await_resolve(w, 0);
-        return;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (!T) {
+        if (tx) s->vt->rollback(tx, NULL, NULL);    /* the waiter was aborted */
+    } else if (err) {
+        nres = push_err(T, err);
+    } else {
+        rb_push_tx(T, s, tx, 1);
+        nres = 1;
     }
-    on_begun(w, err, tx);
+    rb_await_resolve(w, nres);
 }
 
 /* store:_begin() -> tx object, or nil, err (the prelude's store:transaction uses it) */
@@ -406,15 +400,8 @@ static int l_store_begin(lua_State *L)
     }
     b->w = w;
     b->s = s;
-    s->vt->begin(s, on_begun_ctx, b);
-    int n = rb_await_finish(L, w);
-    if (n == 1 && lua_islightuserdata(L, -1)) {
-        rb_tx *tx = lua_touserdata(L, -1);
-        lua_pop(L, 1);
-        rb_push_tx(L, s, tx, 1);
-        return 1;
-    }
-    return n;
+    s->vt->begin(s, on_begun, b);
+    return rb_await_finish(L, w);
 }
 
 static int l_store_close(lua_State *L)
