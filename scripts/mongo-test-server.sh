@@ -16,10 +16,11 @@ DB=relaybus_test
 log() { echo "mongo-test-server: $*" >&2; }
 die() { log "$*"; exit 1; }
 
+# /usr/local/go first: a distribution's go on PATH may be older than FerretDB needs.
 find_go() {
-    if command -v go >/dev/null 2>&1; then command -v go; return; fi
     [ -x /usr/local/go/bin/go ] && { echo /usr/local/go/bin/go; return; }
-    die "Go is needed to build FerretDB (not found in PATH or /usr/local/go)"
+    if command -v go >/dev/null 2>&1; then command -v go; return; fi
+    die "Go is needed to build FerretDB (not found in /usr/local/go or PATH)"
 }
 
 # `go install ...ferretdb@v1.24.2` alone yields a binary that panics at start: the release
