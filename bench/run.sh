@@ -47,7 +47,7 @@ bench() {
     cat "$out"
     OUT=$(cat "$out")
     while IFS= read -r line; do
-        case "$line" in *"(setup)"*|"") ;; *) SUMMARY+=("$line") ;; esac
+        case "$line" in *"(setup)"*|*" memory: all "*|"") ;; *) SUMMARY+=("$line") ;; esac
     done < <(grep -v '^relaybus: ' "$out" | grep -E '^[a-z]+ ')
     if [ "$rc" -ne 0 ]; then
         [ "$rc" -eq 124 ] && note "NOTE: $1 timed out after ${limit}s ($*)" ||
@@ -101,6 +101,7 @@ elif [ -z "$PG_URL" ]; then
     note "NOTE: PostgreSQL benchmarks skipped: no scripts/pg-test-server.sh and no RELAYBUS_BENCH_PG"
 else
     section "PostgreSQL ($PG_URL)"
+    [ -n "$PG_DIR" ] && note "postgresql: a throwaway cluster (scripts/pg-test-server.sh: fsync=off, full_page_writes=off); every PostgreSQL figure below is from it"
     bench 300 bench/drain.lua "$PG_URL" 50000 64 postgresql
     P64=$(rate_of "deliveries in")
     bench 300 bench/drain.lua "$PG_URL" 50000 256 postgresql
@@ -155,6 +156,7 @@ else
                         sed -n 's/^tps = \([0-9.]*\).*/\1/p')
                     if [ -n "$TPS" ]; then
                         ROWS=$(awk -v t="$TPS" -v b="$b" 'BEGIN { printf "%d", t * b }')
+                        TPS=$(printf '%.1f' "$TPS")
                         note "postgresql SQL ceiling (pgbench, claim+complete, batch $b, 2 clients): $TPS tps x $b = ${ROWS} rows/s; relaybus drain is $(pct "$PBEST" "$ROWS") of it"
                         psql -X -q "$PG_URL" -c "DROP TABLE relaybus_bench_ceiling" >/dev/null 2>&1
                         psql -X -q "$PG_URL" -c "DELETE FROM relaybus_schema WHERE table_name = 'relaybus_bench_ceiling'" >/dev/null 2>&1
