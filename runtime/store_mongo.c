@@ -385,6 +385,8 @@ static int cas_write_each(mjob *j, mongoc_collection_t *docs, cas_op *ops, size_
             return -1;
         }
         codes[i] = e.code ? (int)e.code : 1;
+        /* FerretDB reports a unique index broken by an update as InternalError. */
+        if (strstr(e.message, "UNIQUE constraint failed")) codes[i] = 11000;
     }
     return 0;
 }
