@@ -153,6 +153,7 @@ struct rb_dispatcher {
     const char **topics;
     int started, stopping, stopped, claiming, claim_again;
     size_t nactive;             /* unsettled runs, parked ones included */
+    size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
     rb_run *runs;               /* list of unsettled runs */
     settle_req *queue_head, **queue_tail;   /* settle writes waiting for the flush */
     size_t queued;
@@ -445,6 +446,19 @@ static void on_renew_tick(struct ev_loop *loop, ev_timer *w, int revents)
     settle_enqueue(run->d, r);
 }
 
+/* A run whose handler has ended and whose settle write is in flight no longer occupies a
+ * handler slot: counting it apart lets the next claim go out while the settles commit. */
+static void set_settling(rb_run *run)
+{
+    if (run->state == RUN_SETTLING) return;
+    run->state = RUN_SETTLING;
+    run->d->nsettling++;
+    if (!run->d->stopping) {
+        run->d->want_claim = 1;     /* the next claim may overlap these settles */
+        request_flush(run->d);
+    }
+}
+
 static rb_run *run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, double claimed_at)
 {
     rb_run *run = calloc(1, sizeof *run);
@@ -495,6 +509,7 @@ static void run_settled(rb_run *run)
     rb_dispatcher *d = run->d;
     if (run->state == RUN_SETTLED) return;
     int was_running = run->state == RUN_SETTLING || run->state == RUN_RUNNING;
+    if (run->state == RUN_SETTLING) d->nsettling--;
     run->state = RUN_SETTLED;
     ev_timer_stop(d->loop, &run->renew_timer);
     ev_timer_stop(d->loop, &run->deadline_timer);
@@ -510,7 +525,7 @@ static void run_settled(rb_run *run)
         if (active_add(d->store, parked->rec->id, parked) != 0) {
             run_settled(parked);    /* out of memory: the lease expires, another takes it */
         } else if (parked->d->stopping) {
-            parked->state = RUN_SETTLING;   /* never started: hand the claim back */
+            set_settling(parked);   /* never started: hand the claim back */
             write_final(parked, RB_OP_RELEASE, 0, NULL);
         } else {
             run_start(parked);
@@ -613,7 +628,7 @@ static void on_tx_ended(void *ud, const char *err)
 void rb_run_finish(rb_run *run, int ok, const char *error)
 {
     if (run->state != RUN_RUNNING) return;
-    run->state = RUN_SETTLING;
+    set_settling(run);
     ev_timer_stop(run->d->loop, &run->renew_timer);
     ev_timer_stop(run->d->loop, &run->deadline_timer);
     /* A run that reached its deadline without noticing is aborted now (frozen process). */
@@ -657,7 +672,7 @@ static void on_tx_begun(void *ud, const char *err, rb_tx *tx)
         rb_monotonic() >= run_effective_deadline(run)) {
         if (tx) d->store->vt->rollback(tx, NULL, NULL);
         if (err) rb_log(RB_LOG_WARN, "cannot begin a transaction for %s: %s", run->rec->id, err);
-        run->state = RUN_SETTLING;
+        set_settling(run);
         if (!run->aborted && rb_monotonic() >= run_effective_deadline(run))
             run->aborted = deadline_reason(run);
         /* A transaction that cannot begin fails the run: retried with backoff, and its
@@ -677,7 +692,7 @@ static void run_start(rb_run *run)
     rb_dispatcher *d = run->d;
     if (rb_monotonic() >= run->lease_deadline) {
         /* Parked until its lease ran out: it is no longer ours to run. */
-        run->state = RUN_SETTLING;
+        set_settling(run);
         run_settled(run);
         return;
     }
@@ -754,6 +769,8 @@ static handler_entry *find_handler(rb_dispatcher *d, const char *topic)
     return NULL;
 }
 
+#define CLAIM_MAX 1000          /* deliveries per claim statement */
+
 typedef struct claim_ctx {
     rb_dispatcher *d;
     double sent_at;
@@ -789,13 +806,13 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
             continue;
         }
         if (active_add(d->store, run->rec->id, run) != 0) {
-            run->state = RUN_SETTLING;
+            set_settling(run);
             run_settled(run);
             continue;
         }
         if (d->stopping) {
             /* The claim crossed a stop: hand the delivery back without using an attempt. */
-            run->state = RUN_SETTLING;
+            set_settling(run);
             write_final(run, RB_OP_RELEASE, 0, NULL);
             continue;
         }
@@ -814,13 +831,15 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
 static void maybe_claim(rb_dispatcher *d)
 {
     if (!d->started || d->stopping || d->claiming || !d->nhandlers) return;
-    if ((int)d->nactive >= d->opt.concurrency) return;
-    size_t free_slots = (size_t)d->opt.concurrency - d->nactive;
+    size_t busy = d->nactive - d->nsettling;
+    if (busy >= (size_t)d->opt.concurrency) return;
+    size_t free_slots = (size_t)d->opt.concurrency - busy;
+    if (free_slots > CLAIM_MAX) free_slots = CLAIM_MAX;
     /* Wait for a worthwhile batch unless we are idle: one claim per freed slot would cost a
      * round trip per delivery. */
     size_t low_water = (size_t)d->opt.concurrency / 4;
-    if (d->nactive > 0 && free_slots < low_water) return;
-    if (free_slots > 1000) free_slots = 1000;
+    if (low_water > CLAIM_MAX / 2) low_water = CLAIM_MAX / 2;
+    if (busy > 0 && free_slots < low_water) return;
     claim_ctx *c = malloc(sizeof *c);
     if (!c) return;
     c->d = d;
