@@ -2312,6 +2312,10 @@ static mongoc_uri_t *parse_uri(const char *uri, char *err, size_t errlen)
         mongoc_uri_set_option_as_int32(u, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, 5000);
     if (!mongoc_uri_has_option(u, MONGOC_URI_CONNECTTIMEOUTMS))
         mongoc_uri_set_option_as_int32(u, MONGOC_URI_CONNECTTIMEOUTMS, 5000);
+    /* A server that stops answering must fail an operation well within a lease, not after
+     * libmongoc's default of five minutes; the worker thread is then free again. */
+    if (!mongoc_uri_has_option(u, MONGOC_URI_SOCKETTIMEOUTMS))
+        mongoc_uri_set_option_as_int32(u, MONGOC_URI_SOCKETTIMEOUTMS, 20000);
     if (!mongoc_uri_has_option(u, MONGOC_URI_APPNAME))
         mongoc_uri_set_appname(u, "relaybus");
     return u;
