@@ -11,11 +11,13 @@ typedef struct lua_store {
     rb_store *s;
     rb_module *m;
     int closed;
+    lua_State *tx_thread;   /* the thread inside this store's open transaction, or NULL */
 } lua_store;
 
 typedef struct lua_tx {
     rb_tx *tx;
     rb_store *s;
+    lua_store *owner;       /* store:transaction's store, NULL for a handler's transaction */
     int closed;
     int owned;      /* 1: store:transaction's (commit/rollback allowed); 0: a handler's */
 } lua_tx;
@@ -24,6 +26,11 @@ static lua_store *check_lua_store(lua_State *L, int idx)
 {
     lua_store *st = luaL_checkudata(L, idx, RB_STORE_MT);
     if (st->closed) rb_misuse(L, "store is closed");
+    /* On a store whose transaction holds everything (SQLite), a call from inside the
+     * transaction would wait for the transaction, i.e. for itself. */
+    if (st->tx_thread == L && st->s->vt->tx_exclusive)
+        rb_misuse(L, "this %s store is inside store:transaction here: use the tx object "
+                     "(tx:enqueue, tx:query, tx:exec) until it ends", st->s->vt->name);
     return st;
 }
 
@@ -363,6 +370,7 @@ static int l_store_purge(lua_State *L)
 typedef struct begin_wait {
     rb_await *w;
     rb_store *s;
+    lua_store *st;
 } begin_wait;
 
 /* The tx object is made here, in the callback: a waiting coroutine resumes straight into its
@@ -371,6 +379,7 @@ static void on_begun(void *ud, const char *err, rb_tx *tx)
 {
     begin_wait *b = ud;
     rb_store *s = b->s;
+    lua_store *st = b->st;
     rb_await *w = b->w;
     free(b);
     lua_State *T = rb_await_target(w);
@@ -381,6 +390,9 @@ static void on_begun(void *ud, const char *err, rb_tx *tx)
         nres = push_err(T, err);
     } else {
         rb_push_tx(T, s, tx, 1);
+        lua_tx *t = lua_touserdata(T, -1);
+        t->owner = st;
+        st->tx_thread = T;
         nres = 1;
     }
     rb_await_resolve(w, nres);
@@ -389,7 +401,8 @@ static void on_begun(void *ud, const char *err, rb_tx *tx)
 /* store:_begin() -> tx object, or nil, err (the prelude's store:transaction uses it) */
 static int l_store_begin(lua_State *L)
 {
-    rb_store *s = check_lua_store(L, 1)->s;
+    lua_store *st = check_lua_store(L, 1);
+    rb_store *s = st->s;
     if (!s->vt->begin) return push_err(L, "transactions are not supported by this store");
     begin_wait *b = malloc(sizeof *b);
     if (!b) return luaL_error(L, "relaybus: out of memory");
@@ -400,6 +413,7 @@ static int l_store_begin(lua_State *L)
     }
     b->w = w;
     b->s = s;
+    b->st = st;
     s->vt->begin(s, on_begun, b);
     return rb_await_finish(L, w);
 }
@@ -473,6 +487,7 @@ void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned)
     lua_tx *t = lua_newuserdatauv(L, sizeof *t, 0);
     t->tx = tx;
     t->s = s;
+    t->owner = NULL;
     t->closed = 0;
     t->owned = owned;
     luaL_setmetatable(L, RB_TX_MT);
@@ -619,6 +634,7 @@ static int l_tx_end(lua_State *L, int commit)
     if (!t->owned) return rb_misuse(L, "a handler's transaction commits when the handler returns");
     rb_tx *tx = t->tx;
     t->closed = 1;
+    if (t->owner && t->owner->tx_thread == L) t->owner->tx_thread = NULL;
     rb_await *w = rb_await_begin(L);
     if (!w) {
         /* aborted before we could commit: roll back, report aborted */
@@ -639,6 +655,7 @@ static int l_tx_gc(lua_State *L)
     /* A store:transaction tx dropped without commit (its coroutine was abandoned). */
     if (!t->closed && t->owned) {
         t->closed = 1;
+        if (t->owner) t->owner->tx_thread = NULL;
         rb_module *m = rb_module_get(L);
         if (!m->closing) t->s->vt->rollback(t->tx, NULL, NULL);
     }

@@ -748,6 +748,12 @@ void rb_run_settle(rb_run *run, rb_settle_kind kind, double delay, const char *r
         cb(ud, "a transactional handler settles by returning (complete) or raising (retry)", 0);
         return;
     }
+    if (run->tx && run->d->store->vt->tx_exclusive) {
+        /* The renewal would wait behind the handler's own transaction; the renew timer keeps
+         * the lease instead (its writes are queued, not awaited). */
+        cb(ud, "extend_lease is not available in a transactional handler on this store", 0);
+        return;
+    }
     if (kind == RB_OP_EXTEND && delay <= 0) delay = run->d->opt.lease_duration;
     if (kind == RB_OP_RESCHEDULE && !reason) reason = "rescheduled";
     if (kind == RB_OP_BURY && !reason) reason = "buried";

@@ -109,6 +109,10 @@ typedef enum { RB_DOC_INSERT_ONE, RB_DOC_UPDATE_ONE, RB_DOC_DELETE_ONE, RB_DOC_F
 
 typedef struct rb_store_vtable {
     const char *name;   /* "sqlite", "postgresql", "mongodb" */
+    /* 1 when an open transaction holds the whole store (SQLite's single connection): every
+     * other operation waits for it to end, so a caller inside the transaction must not wait
+     * for one. */
+    int tx_exclusive;
 
     void (*enqueue)(rb_store *s, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
     /* Claims due deliveries of the given topics: pending with run_at <= now, or processing

@@ -1315,6 +1315,7 @@ static void sq_close(rb_store *base)
 
 static const rb_store_vtable sqlite_vt = {
     .name = "sqlite",
+    .tx_exclusive = 1,
     .enqueue = sq_enqueue,
     .claim = sq_claim,
     .settle = sq_settle,
