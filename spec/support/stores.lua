@@ -86,6 +86,10 @@ end
 
 function M.cleanup()
   M.kill_all()
+  if os.getenv("RELAYBUS_SPEC_KEEP") then
+    if tmpdir then io.stderr:write("\nspec files kept in " .. tmpdir .. "\n") end
+    return
+  end
   if tmpdir then
     os.execute("rm -rf '" .. tmpdir .. "'")
     tmpdir = nil
@@ -183,6 +187,9 @@ function M.spawn(script, args, opts)
   for k, v in pairs(opts.env or {}) do env[#env + 1] = k .. "=" .. q(v) end
   local wrapper = table.concat({
     "#!/bin/sh",
+    -- children run in the temp dir: a stray default store or a core file stays out of the repo
+    "cd " .. q(M.tmpdir()) .. " || exit 99",
+    (os.getenv("RELAYBUS_SPEC_CORES") and "ulimit -c unlimited" or ":"),
     (#env > 0 and ("export " .. table.concat(env, " ")) or ":"),
     table.concat(parts, " ") .. " >" .. q(p.out) .. " 2>" .. q(p.err) .. " </dev/null &",
     "echo $! >" .. q(p.pidfile .. ".tmp") .. " && mv " .. q(p.pidfile .. ".tmp") .. " " .. q(p.pidfile),
