@@ -133,6 +133,7 @@ run_busted() {
   fi
   runs=$((runs + 1))
   local out=$TMP/tap.$runs.out   # a new file each run: tail shows nothing stale
+  : >"$out"                      # and it exists before tail opens it
   say "busted $label"
   # Output goes to a file, shown live by tail: a stray child that keeps the spec's stdout
   # open cannot hang the run.
