@@ -33,7 +33,6 @@ struct rb_module {
     int json_encode_ref, json_decode_ref, json_null_ref;
     int ntasks;                 /* spawned tasks still alive */
     int ndispatchers_running;
-    int ever_started;
     cut_hook *cut_hooks;
     struct lua_dispatcher *dispatchers;  /* every dispatcher of this state */
     int closing;                /* lua_close is collecting: no callbacks into Lua */
@@ -60,6 +59,7 @@ struct rb_task {
     rb_signal *signal;          /* the run's signal, or NULL */
     double abort_at;            /* monotonic time of the abort, for the interrupt grace */
     double deadline;            /* tasks guarded by a named lease: its deadline, else 0 */
+    int daemon;                 /* the runtime's own task: relaybus.run() does not wait for it */
     int extra_yield;            /* resumed from a bare coroutine.yield: resume next iteration */
     ev_idle yield_watcher;
     /* Called when the coroutine ends: ok, or the error message. */
@@ -85,6 +85,7 @@ void rb_task_abort(rb_task *t);                  /* wakes the pending wait with 
 void rb_task_install_hook(rb_task *t);
 int rb_lua_sleep(lua_State *L);                  /* relaybus.sleep(s) */
 int rb_lua_spawn(lua_State *L);
+int rb_lua_spawn_daemon(lua_State *L);
 int rb_task_is_aborted(rb_task *t);
 
 /* signal (lua_dispatcher.c) */

@@ -513,7 +513,6 @@ static int l_start(lua_State *L)
     if (ld->started) return 0;
     ld->started = 1;
     ld->m->ndispatchers_running++;
-    ld->m->ever_started = 1;
     lua_pushvalue(L, 1);
     ld->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* alive while it runs */
     rb_dispatcher_start(ld->d);

@@ -71,7 +71,7 @@ static rb_http *get_transport(lua_State *L)
         transport **ud = lua_touserdata(L, -1);
         lua_pop(L, 1);
         if (*ud && (*ud)->h) return (*ud)->h;
-        luaL_error(L, "relaybus: http: the transport is closed");
+        rb_misuse(L, "http: the transport is closed");
     }
     lua_pop(L, 1);
     rb_module *m = rb_module_get(L);
@@ -86,7 +86,7 @@ static rb_http *get_transport(lua_State *L)
     if (tp) tp->m = m;
     if (!tp || !(tp->h = rb_http_new(rb_module_loop(m)))) {
         free(tp);
-        luaL_error(L, "relaybus: http: cannot create the transport (out of memory)");
+        rb_misuse(L, "http: cannot create the transport (out of memory)");
     }
     *ud = tp;
     lua_setfield(L, LUA_REGISTRYINDEX, STATE_KEY);
@@ -109,7 +109,7 @@ static void check_keys(lua_State *L, int idx)
             for (int i = 0; request_keys[i]; i++)
                 if (strcmp(lua_tostring(L, -1), request_keys[i]) == 0) known = 1;
         if (!known)
-            luaL_error(L, "relaybus: http.request: unknown option '%s'", luaL_tolstring(L, -1, NULL));
+            rb_misuse(L, "http.request: unknown option '%s'", luaL_tolstring(L, -1, NULL));
     }
 }
 
@@ -118,7 +118,7 @@ static int opt_field(lua_State *L, int idx, const char *key, int want)
 {
     int t = lua_getfield(L, idx, key);
     if (t != LUA_TNIL && t != want)
-        luaL_error(L, "relaybus: http.request: '%s' must be a %s, not %s", key,
+        rb_misuse(L, "http.request: '%s' must be a %s, not %s", key,
                    lua_typename(L, want), lua_typename(L, t));
     return t != LUA_TNIL;
 }
@@ -145,13 +145,13 @@ static size_t read_headers(lua_State *L, int idx, const char ***out)
     for (lua_pushnil(L); lua_next(L, ht); lua_pop(L, 1)) {
         if (lua_type(L, -2) != LUA_TSTRING ||
             (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
-            luaL_error(L, "relaybus: http.request: headers must map names to strings");
+            rb_misuse(L, "http.request: headers must map names to strings");
         size_t nl, vl;
         const char *name = lua_tolstring(L, -2, &nl);
         const char *value = lua_tolstring(L, -1, &vl);
         if (nl == 0 || bad_header_text(name, nl) || bad_header_text(value, vl) ||
             memchr(name, ':', nl))
-            luaL_error(L, "relaybus: http.request: invalid header '%s'", name);
+            rb_misuse(L, "http.request: invalid header '%s'", name);
         /* "Name;" is curl's way to send an empty value ("Name:" would remove the header) */
         const char *line = vl ? lua_pushfstring(L, "%s: %s", name, value)
                               : lua_pushfstring(L, "%s;", name);
@@ -166,25 +166,25 @@ static size_t read_headers(lua_State *L, int idx, const char ***out)
 static void read_request(lua_State *L, rb_http_request *req)
 {
     if (lua_type(L, 1) != LUA_TTABLE)
-        luaL_error(L, "relaybus: http.request: expects a table of options, not %s",
+        rb_misuse(L, "http.request: expects a table of options, not %s",
                    luaL_typename(L, 1));
     check_keys(L, 1);
     memset(req, 0, sizeof *req);
     if (!opt_field(L, 1, "url", LUA_TSTRING))
-        luaL_error(L, "relaybus: http.request: 'url' is required");
+        rb_misuse(L, "http.request: 'url' is required");
     req->url = lua_tostring(L, -1);
     if (opt_field(L, 1, "method", LUA_TSTRING)) req->method = lua_tostring(L, -1);
     if (req->method && (!*req->method || bad_header_text(req->method, strlen(req->method)) ||
                         strchr(req->method, ' ')))
-        luaL_error(L, "relaybus: http.request: invalid method '%s'", req->method);
+        rb_misuse(L, "http.request: invalid method '%s'", req->method);
     if (opt_field(L, 1, "body", LUA_TSTRING)) req->body = lua_tolstring(L, -1, &req->body_len);
     if (opt_field(L, 1, "timeout", LUA_TNUMBER)) {
         req->timeout = lua_tonumber(L, -1);
-        if (!(req->timeout > 0)) luaL_error(L, "relaybus: http.request: 'timeout' must be > 0");
+        if (!(req->timeout > 0)) rb_misuse(L, "http.request: 'timeout' must be > 0");
     }
     if (opt_field(L, 1, "max_body", LUA_TNUMBER)) {
         if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) <= 0)
-            luaL_error(L, "relaybus: http.request: 'max_body' must be a positive integer");
+            rb_misuse(L, "http.request: 'max_body' must be a positive integer");
         req->max_body = (size_t)lua_tointeger(L, -1);
     }
     if (opt_field(L, 1, "follow_redirects", LUA_TBOOLEAN))
@@ -265,7 +265,7 @@ static int l_request(lua_State *L)
     read_request(L, &req);
     rb_http *h = get_transport(L);
     call *c = calloc(1, sizeof *c);
-    if (!c) luaL_error(L, "relaybus: http.request: out of memory");
+    if (!c) rb_misuse(L, "http.request: out of memory");
     char err[256];
     /* Started before the await begins: a bad URL returns nil, err with nothing to undo. The
      * transport calls back only from the loop, so c->w is set before on_done can run. */
@@ -295,7 +295,7 @@ static int l_hmac_sha256(lua_State *L)
     unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int maclen = 0;
     if (!HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)data, dlen, mac, &maclen))
-        luaL_error(L, "relaybus: http.hmac_sha256: HMAC failed");
+        rb_misuse(L, "http.hmac_sha256: HMAC failed");
     char hex[2 * EVP_MAX_MD_SIZE + 1];
     for (unsigned int i = 0; i < maclen; i++) {
         hex[2 * i] = "0123456789abcdef"[mac[i] >> 4];

@@ -45,6 +45,8 @@ void rb_module_run_cut_hooks(rb_module *m)
     for (cut_hook *h = m->cut_hooks; h; h = h->next) h->fn(h->ud);
 }
 
+/* Misuse raises "relaybus: ..." exactly (no position prefix: the contract's mark of misuse
+ * is the message's start; a traceback still shows where). */
 int rb_misuse(lua_State *L, const char *fmt, ...)
 {
     char msg[512];
@@ -52,7 +54,8 @@ int rb_misuse(lua_State *L, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return luaL_error(L, "relaybus: %s", msg);
+    lua_pushfstring(L, "relaybus: %s", msg);
+    return lua_error(L);
 }
 
 void rb_check_options(lua_State *L, int idx, const char *what, const char *const *allowed)
@@ -149,14 +152,17 @@ static int l_time(lua_State *L)
     return 1;
 }
 
-/* relaybus.run(): runs the loop until every dispatcher has stopped (or, when none was ever
- * started, until every spawned task has ended). */
+/* relaybus.run(): runs the loop until every dispatcher has stopped. Called while no
+ * dispatcher runs, it runs until the spawned tasks have ended (or, if one starts meanwhile,
+ * until the dispatchers have stopped). */
 static int l_run(lua_State *L)
 {
     rb_module *m = rb_module_get(L);
     if (rb_task_current(L)) return rb_misuse(L, "run() cannot be called inside a relaybus coroutine");
+    int saw_dispatcher = 0;
     for (;;) {
-        if (m->ever_started ? m->ndispatchers_running == 0 : m->ntasks == 0) break;
+        if (m->ndispatchers_running > 0) saw_dispatcher = 1;
+        else if (saw_dispatcher || m->ntasks == 0) break;
         ev_run(m->loop, EVRUN_ONCE);
     }
     return 0;
@@ -184,6 +190,7 @@ static const luaL_Reg module_fns[] = {
     {"time", l_time},
     {"sleep", rb_lua_sleep},
     {"spawn", rb_lua_spawn},
+    {"_daemon", rb_lua_spawn_daemon},
     {"run", l_run},
     {"local_leases", rb_lua_local_leases},
     {NULL, NULL}

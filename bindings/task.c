@@ -270,21 +270,28 @@ static void on_spawned_end(rb_task *t, int ok, const char *err)
 {
     rb_module *m = t->m;
     if (!ok) rb_log(RB_LOG_ERROR, "task failed: %s", err);
-    m->ntasks--;
+    if (!t->daemon) m->ntasks--;
     ev_break(m->loop, EVBREAK_ONE);     /* relaybus.run() may be waiting for this */
     if (!m->closing) luaL_unref(m->L, LUA_REGISTRYINDEX, t->co_ref);
     free(t);
 }
 
-int rb_lua_spawn(lua_State *L)
+static int spawn(lua_State *L, int daemon)
 {
     luaL_checktype(L, 1, LUA_TFUNCTION);
     rb_module *m = rb_module_get(L);
     int nargs = lua_gettop(L) - 1;
     rb_task *t = rb_task_new(m, m->L, nargs);
     t->on_end = on_spawned_end;
-    m->ntasks++;
+    t->daemon = daemon;
+    if (!daemon) m->ntasks++;
     lua_xmove(L, t->co, nargs + 1);   /* the function and its arguments */
     rb_task_start(t, nargs);
     return 0;
 }
+
+int rb_lua_spawn(lua_State *L) { return spawn(L, 0); }
+
+/* relaybus._daemon(fn, ...): a task of the runtime's own (every, retention) that run() does
+ * not wait for. */
+int rb_lua_spawn_daemon(lua_State *L) { return spawn(L, 1); }

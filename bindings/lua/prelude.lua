@@ -10,7 +10,7 @@ return function(relaybus)
   -- store:transaction(fn): commit when fn returns, roll back when it raises.
   function store_mt.__index.transaction(store, fn)
     if type(fn) ~= "function" then
-      error("relaybus: transaction: expected a function", 2)
+      error("relaybus: transaction: expected a function", 0)
     end
     local tx, err = store:_begin()
     if not tx then return nil, err end
@@ -31,7 +31,7 @@ return function(relaybus)
   local function encode(v, what)
     if v == nil then return nil end
     local ok, s = pcall(json.encode, v)
-    if not ok then error("relaybus: " .. what .. " is not JSON-encodable", 3) end
+    if not ok then error("relaybus: " .. what .. " is not JSON-encodable", 0) end
     return s
   end
   local function decoded(doc, count_or_err)
@@ -59,7 +59,7 @@ return function(relaybus)
   end
   function tx_mt.__index.collection(tx, name)
     if type(name) ~= "string" or name == "" then
-      error("relaybus: collection: name must be a non-empty string", 2)
+      error("relaybus: collection: name must be a non-empty string", 0)
     end
     return setmetatable({tx = tx, name = name}, collection)
   end
@@ -70,9 +70,9 @@ return function(relaybus)
   -- and a holder that dies frees it when it expires.
   local every_list = setmetatable({}, {__mode = "k"})
   function dispatcher_mt.__index.every(d, name, interval, fn)
-    if type(name) ~= "string" or name == "" then error("relaybus: every: name must be a string", 2) end
-    if type(interval) ~= "number" or interval <= 0 then error("relaybus: every: interval must be > 0", 2) end
-    if type(fn) ~= "function" then error("relaybus: every: expected a function", 2) end
+    if type(name) ~= "string" or name == "" then error("relaybus: every: name must be a string", 0) end
+    if type(interval) ~= "number" or interval <= 0 then error("relaybus: every: interval must be > 0", 0) end
+    if type(fn) ~= "function" then error("relaybus: every: expected a function", 0) end
     every_list[d] = every_list[d] or {}
     table.insert(every_list[d], {name = name, interval = interval, fn = fn})
     return d
@@ -108,7 +108,7 @@ return function(relaybus)
     local d = new_dispatcher(store, opts)
     local r = opts and opts.retention
     if r ~= nil and (type(r) ~= "number" or r < 0) then
-      error("relaybus: dispatcher: retention must be a number of seconds >= 0", 2)
+      error("relaybus: dispatcher: retention must be a number of seconds >= 0", 0)
     end
     retention_of[d] = r or 7 * 86400
     return d
@@ -136,10 +136,10 @@ return function(relaybus)
     if first then
       local store = d:_store()
       for _, job in ipairs(every_list[d] or {}) do
-        relaybus.spawn(run_every, d, store, job)
+        relaybus._daemon(run_every, d, store, job)
       end
       local retention = retention_of[d]
-      if retention and retention > 0 then relaybus.spawn(run_retention, d, store, retention) end
+      if retention and retention > 0 then relaybus._daemon(run_retention, d, store, retention) end
     end
     return d
   end
