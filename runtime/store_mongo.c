@@ -1430,10 +1430,15 @@ static int stats_oldest(stats_job *q, mongoc_collection_t *cl, const char *statu
     BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
     BSON_APPEND_INT32(&sort, field, 1);
     bson_append_document_end(&opts, &sort);
-    int failed = 0;
-    bson_t *d = find_one(&q->j, cl, &f, NULL, &failed);
-    if (d && doc_num(d, field) < *oldest) *oldest = doc_num(d, field);
-    if (d) bson_destroy(d);
+    BSON_APPEND_INT64(&opts, "limit", 1);
+    bson_t **v = NULL;
+    size_t n = 0;
+    int failed = find_docs(&q->j, cl, &f, &opts, NULL, &v, &n) < 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 && doc_num(v[i], field) < *oldest) *oldest = doc_num(v[i], field);
+        bson_destroy(v[i]);
+    }
+    free(v);
     bson_destroy(&f);
     bson_destroy(&opts);
     return failed ? -1 : 0;
