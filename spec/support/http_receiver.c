@@ -31,6 +31,10 @@ typedef struct conn {
     int busy;        /* a request is being answered: parse no more until it is written */
     int hanging;     /* /hang: never answer */
     int close_after; /* Connection: close, or HTTP/1.0 */
+    ev_timer later;  /* /push with delay: the answer waiting in `deferred` */
+    buf deferred;
+    int deferred_status;
+    long push_stream; /* index in push_streams while an answer is deferred, else -1 */
 } conn;
 
 typedef struct request {
@@ -237,6 +241,157 @@ static void answer_big(conn *c, long n)
     free(body);
 }
 
+/* ---- /push: an RFC 8935 receiver ----
+ * POST /push/STREAM[?fail=S&reject=S&delay=MS] records the body (a SET) and answers 202 with
+ * no body, except: a body containing S of fail=S gets 503 on its first arrival only; one
+ * containing S of reject=S always gets 400 with {"err":"invalid_request","description":...};
+ * with delay=MS the answer comes MS ms later, and a second request for the same STREAM (the
+ * path before '?') arriving while one is unanswered counts as an overlap.
+ * GET /pushes returns {"overlaps":N,"log":[{"path":,"body":,"status":},...]} in arrival order. */
+typedef struct push_body { char *body; size_t len; long n; } push_body;
+typedef struct push_stream { char *path; long inflight; } push_stream;
+typedef struct push_entry { char *path, *body; size_t body_len; int status; } push_entry;
+static push_body *push_bodies;
+static size_t npush_bodies;
+static push_stream *push_streams;
+static size_t npush_streams;
+static push_entry *push_log;
+static size_t npush_log;
+static long push_overlaps;
+
+/* The value of query parameter `name` (up to '&'), copied into out; 0 when absent. */
+static int query_param(const char *query, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    const char *p = query;
+    while (p && *p) {
+        if (strncmp(p, name, nl) == 0 && p[nl] == '=') {
+            const char *v = p + nl + 1, *e = strchr(v, '&');
+            size_t len = e ? (size_t)(e - v) : strlen(v);
+            if (len >= cap) len = cap - 1;
+            memcpy(out, v, len);
+            out[len] = '\0';
+            return 1;
+        }
+        p = strchr(p, '&');
+        if (p) p++;
+    }
+    return 0;
+}
+
+static long push_arrivals(const request *r)
+{
+    for (size_t i = 0; i < npush_bodies; i++)
+        if (push_bodies[i].len == r->body_len && memcmp(push_bodies[i].body, r->body, r->body_len) == 0)
+            return push_bodies[i].n++;
+    push_body *pb = realloc(push_bodies, (npush_bodies + 1) * sizeof *pb);
+    if (!pb) return 0;
+    push_bodies = pb;
+    push_bodies[npush_bodies].body = strndup(r->body, r->body_len);
+    push_bodies[npush_bodies].len = r->body_len;
+    push_bodies[npush_bodies].n = 1;
+    if (push_bodies[npush_bodies].body) npush_bodies++;
+    return 0;
+}
+
+static long push_stream_index(const char *path, size_t len)
+{
+    for (size_t i = 0; i < npush_streams; i++)
+        if (strlen(push_streams[i].path) == len && strncmp(push_streams[i].path, path, len) == 0)
+            return (long)i;
+    push_stream *ps = realloc(push_streams, (npush_streams + 1) * sizeof *ps);
+    if (!ps) return -1;
+    push_streams = ps;
+    push_streams[npush_streams].path = strndup(path, len);
+    push_streams[npush_streams].inflight = 0;
+    if (!push_streams[npush_streams].path) return -1;
+    return (long)npush_streams++;
+}
+
+static int body_contains(const request *r, const char *needle)
+{
+    return needle[0] && memmem(r->body, r->body_len, needle, strlen(needle)) != NULL;
+}
+
+static void on_push_later(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    conn *c = w->data;
+    if (c->push_stream >= 0) push_streams[c->push_stream].inflight--;
+    c->push_stream = -1;
+    buf_add(&c->out, c->deferred.p ? c->deferred.p : "", c->deferred.len);
+    c->deferred.len = 0;
+    conn_update(loop, c);
+}
+
+static void answer_push(struct ev_loop *loop, conn *c, const request *r)
+{
+    const char *q = strchr(r->path, '?');
+    size_t plen = q ? (size_t)(q - r->path) : strlen(r->path);
+    char fail[256] = "", reject[256] = "", delay[32] = "";
+    if (q) {
+        query_param(q + 1, "fail", fail, sizeof fail);
+        query_param(q + 1, "reject", reject, sizeof reject);
+        query_param(q + 1, "delay", delay, sizeof delay);
+    }
+    long before = push_arrivals(r);
+    int status = 202;
+    const char *body = "";
+    if (body_contains(r, reject)) {
+        status = 400;
+        body = "{\"err\":\"invalid_request\",\"description\":\"rejected by the test receiver\"}";
+    } else if (before == 0 && body_contains(r, fail)) {
+        status = 503;
+        body = "unavailable";
+    }
+    push_entry *pl = realloc(push_log, (npush_log + 1) * sizeof *pl);
+    if (pl) {
+        push_log = pl;
+        push_log[npush_log].path = strndup(r->path, plen);
+        push_log[npush_log].body = strndup(r->body, r->body_len);
+        push_log[npush_log].body_len = r->body_len;
+        push_log[npush_log].status = status;
+        if (push_log[npush_log].path && push_log[npush_log].body) npush_log++;
+    }
+    const char *ctype = status == 400 ? "Content-Type: application/json\r\n" : NULL;
+    long ms = delay[0] ? strtol(delay, NULL, 10) : 0;
+    if (ms <= 0) {
+        respond(c, status, ctype, body, strlen(body));
+        return;
+    }
+    long si = push_stream_index(r->path, plen);
+    if (si >= 0) {
+        if (push_streams[si].inflight > 0) push_overlaps++;
+        push_streams[si].inflight++;
+    }
+    c->push_stream = si;
+    /* build the answer in `out`, then move it aside until the timer fires */
+    buf saved = c->out;
+    c->out = c->deferred;
+    c->out.len = 0;
+    respond(c, status, ctype, body, strlen(body));
+    c->deferred = c->out;
+    c->out = saved;
+    ev_timer_set(&c->later, ms / 1000.0, 0.);
+    ev_timer_start(loop, &c->later);
+}
+
+static void answer_pushes(conn *c)
+{
+    buf b = {0};
+    buf_addf(&b, "{\"overlaps\":%ld,\"log\":[", push_overlaps);
+    for (size_t i = 0; i < npush_log; i++) {
+        if (i) buf_add(&b, ",", 1);
+        buf_add(&b, "{\"path\":", 8);
+        buf_add_json_string(&b, push_log[i].path, strlen(push_log[i].path));
+        buf_add(&b, ",\"body\":", 8);
+        buf_add_json_string(&b, push_log[i].body, push_log[i].body_len);
+        buf_addf(&b, ",\"status\":%d}", push_log[i].status);
+    }
+    buf_add(&b, "]}", 2);
+    respond_buf(c, 200, &b);
+}
+
 static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)revents;
@@ -252,7 +407,8 @@ static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
  *   /count           counts POSTs per X-Relaybus-Id; GET /counts returns {id: n}
  *   /last            the latest /echo answer  /repeat         a header sent twice
  *   /redirect/N      302 to /status/N
- *   /stats           {hangs_open, hangs_total, connections}: cuts and connection reuse */
+ *   /stats           {hangs_open, hangs_total, connections}: cuts and connection reuse
+ *   /push/STREAM     an RFC 8935 receiver (202; fail=, reject=, delay=); GET /pushes: the log */
 static void dispatch(struct ev_loop *loop, conn *c, const request *r)
 {
     long n = 0;
@@ -290,6 +446,10 @@ static void dispatch(struct ev_loop *loop, conn *c, const request *r)
     } else if (strcmp(r->path, "/last") == 0) {
         respond(c, 200, "Content-Type: application/json\r\n", last_echo.len ? last_echo.p : "{}",
                 last_echo.len ? last_echo.len : 2);
+    } else if (strncmp(r->path, "/push/", 6) == 0 && strcmp(r->method, "POST") == 0) {
+        answer_push(loop, c, r);
+    } else if (strcmp(r->path, "/pushes") == 0) {
+        answer_pushes(c);
     } else if (strcmp(r->path, "/repeat") == 0) {
         respond(c, 200, "X-Multi: a\r\nX-Multi: b\r\n", "ok", 2);
     } else {
@@ -304,6 +464,9 @@ static void conn_close(struct ev_loop *loop, conn *c)
     if (c->hanging) hangs_open--;
     ev_io_stop(loop, &c->io);
     ev_timer_stop(loop, &c->slow);
+    ev_timer_stop(loop, &c->later);
+    if (c->push_stream >= 0) push_streams[c->push_stream].inflight--;
+    free(c->deferred.p);
     close(c->fd);
     free(c->in.p);
     free(c->out.p);
@@ -393,6 +556,9 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
     ev_io_init(&c->io, on_conn, fd, EV_READ);
     ev_init(&c->slow, on_slow);
     c->slow.data = c;
+    ev_init(&c->later, on_push_later);
+    c->later.data = c;
+    c->push_stream = -1;
     ev_io_start(loop, &c->io);
 }
 
