@@ -36,7 +36,7 @@ static const char closed_msg[] = "postgresql: store closed";
 /* When a row next needs attention: its run_at while pending, its lease expiry while processing.
  * One partial index on it keeps claims cheap however many settled rows the table holds. */
 #define DUE "(CASE WHEN status = 'pending' THEN run_at ELSE lease_expires_at END)"
-#define COLS "id::text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
+#define COLS "id::text AS id_text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
     "max_attempts, fence, extract(epoch FROM run_at)::float8, " \
     "extract(epoch FROM created_at)::float8, coalesce(extract(epoch FROM lease_expires_at)::float8, 0)"
 #define LIVE "status IN ('pending', 'processing')"
