@@ -135,6 +135,7 @@ run_busted() {
   local out=$TMP/tap.$runs.out   # a new file each run: tail shows nothing stale
   : >"$out"                      # and it exists before tail opens it
   say "busted $label"
+  local t0=$SECONDS
   # Output goes to a file, shown live by tail: a stray child that keeps the spec's stdout
   # open cannot hang the run.
   local pre=()
@@ -159,6 +160,7 @@ run_busted() {
     }
     /^1\.\.[0-9]+$/ { plan = 1 }
     END { print p + 0, s + 0, f + 0, plan + 0 }' "$out")
+  say "$label: $p passed, $f failed, $s pending ($((SECONDS - t0))s)"
   passed=$((passed + p))
   failed=$((failed + f))
   pending=$((pending + s))
