@@ -172,13 +172,19 @@ for _, entry in ipairs(S.list()) do
       local t0 = relaybus.now()
       local kills, completed = 0, 0
       math.randomseed(os.time())
+      local next_kill = relaybus.now() + 0.3
       while relaybus.now() - t0 < 150 do
-        -- (a worker on FerretDB needs a second or two to claim anything after it starts)
-        S.sleep((slow and 1.5 or 0.3) + (kills == 0 and 0 or math.random() * (slow and 1.5 or 0.9)))
+        S.sleep(0.1)
         completed = assert(store:stats()).completed
         if completed == N then break end
-        if kills < 8 and completed < N * 0.9 then
-          local slot = math.random(1, 3)
+        -- kill a worker that is running deliveries right now (its log has starts without ends)
+        local busy = {}
+        for slot = 1, 3 do
+          if count(slots[slot].log, "S") > count(slots[slot].log, "E") then busy[#busy + 1] = slot end
+        end
+        if kills < 8 and completed < N * 0.9 and #busy > 0 and relaybus.now() >= next_kill then
+          next_kill = relaybus.now() + 0.3 + math.random() * 0.9
+          local slot = busy[math.random(1, #busy)]
           local inc = slots[slot]
           S.kill(inc.proc)
           inc.ended_at = relaybus.now() -- after the process is gone: no run of it goes past this
