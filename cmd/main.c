@@ -113,8 +113,22 @@ static void print_error(const char *msg)
     fflush(stderr);
 }
 
+/* libmongoc initialises itself before main() and keeps counters in /dev/shm/mongoc-PID; a
+ * file left by a killed process whose PID we now reuse makes it print a warning, which
+ * would break the one-line stderr promise. Without shared-memory counters nothing is left
+ * behind, so start once more with them off (the environment must say so before the
+ * library loads). */
+static void without_mongoc_shm(char **argv)
+{
+    if (getenv("MONGOC_DISABLE_SHM")) return;
+    setenv("MONGOC_DISABLE_SHM", "1", 1);
+    execv("/proc/self/exe", argv);
+    /* exec failed (no /proc): go on; at worst the warning appears */
+}
+
 int main(int argc, char **argv)
 {
+    without_mongoc_shm(argv);
     struct ev_loop *loop = ev_default_loop(0);
     if (!loop) {
         fputs("relaybus: cannot initialise the event loop\n", stderr);
