@@ -652,11 +652,17 @@ static const luaL_Reg stopwait_methods[] = {
     {NULL, NULL}
 };
 
-void rb_lua_stop_all(lua_State *L)
+int rb_lua_stop_all(lua_State *L)
 {
     rb_module *m = rb_module_get(L);
-    for (lua_dispatcher *ld = m->dispatchers; ld; ld = ld->next)
-        if (ld->d && ld->started && !ld->stopped) rb_dispatcher_stop(ld->d, -1, NULL, NULL);
+    int n = 0;
+    for (lua_dispatcher *ld = m->dispatchers; ld; ld = ld->next) {
+        if (ld->d && ld->started && !ld->stopped) {
+            rb_dispatcher_stop(ld->d, -1, NULL, NULL);
+            n++;
+        }
+    }
+    return n;
 }
 
 void rb_lua_dispatcher_register(lua_State *L)

@@ -168,7 +168,6 @@ static int l_run(lua_State *L)
     return 0;
 }
 
-void rb_lua_stop_all(lua_State *L);
 
 static int l_gc_module(lua_State *L)
 {

@@ -53,12 +53,12 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
     (void)loop;
     (void)revents;
-    if (!host_L || rb_lua_busy(host_L) == 0) {
-        /* No dispatcher or task to stop gracefully: end like an interrupted program. */
+    /* Only dispatchers stop gracefully; with none running (a script of plain tasks, a
+     * blocking command) end like an interrupted program. */
+    if (!host_L || rb_lua_stop_all(host_L) == 0) {
         fflush(NULL);
         _exit(128 + w->signum);
     }
-    rb_lua_stop_all(host_L);
 }
 
 /* The private helpers the CLI chunk gets as its first argument. */

@@ -31,9 +31,10 @@ void rb_lua_set_loop(struct lua_State *L, struct ev_loop *loop);
 /* The module's opener, for luaL_requiref(L, "relaybus", luaopen_relaybus, 0). */
 int luaopen_relaybus(struct lua_State *L);
 
-/* Asks every dispatcher created in L to stop gracefully (as d:stop() with its default
- * timeout), e.g. from the host's SIGTERM handler. Returns at once. */
-void rb_lua_stop_all(struct lua_State *L);
+/* Asks every running dispatcher created in L to stop gracefully (as d:stop() with its
+ * default timeout), e.g. from the host's SIGTERM handler. Returns at once, with the number
+ * of dispatchers asked to stop. */
+int rb_lua_stop_all(struct lua_State *L);
 
 /* Number of dispatchers and tasks of L still running: a host may exit its loop at 0. */
 int rb_lua_busy(struct lua_State *L);
