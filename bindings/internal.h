@@ -136,6 +136,11 @@ int rb_checkoption(lua_State *L, int arg, const char *def, const char *const lst
 
 /* Raises "relaybus: <msg>" (misuse). */
 int rb_misuse(lua_State *L, const char *fmt, ...);
+/* Creates the metatable `name`: methods are reached through __index, either directly or,
+ * when index is given (objects with fields), through that function's fallback to
+ * metatable.methods. gc may be NULL. */
+void rb_register_class(lua_State *L, const char *name, const luaL_Reg *methods,
+                       lua_CFunction index, lua_CFunction gc);
 /* Checks that the table at idx has only the given keys (NULL-terminated). */
 void rb_check_options(lua_State *L, int idx, const char *what, const char *const *allowed);
 double rb_opt_number(lua_State *L, int idx, const char *key, double dflt);

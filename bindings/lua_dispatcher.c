@@ -667,31 +667,8 @@ int rb_lua_stop_all(lua_State *L)
 
 void rb_lua_dispatcher_register(lua_State *L)
 {
-    luaL_newmetatable(L, RB_DISPATCHER_MT);
-    luaL_newlib(L, dispatcher_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_dispatcher_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
-
-    luaL_newmetatable(L, RB_CTX_MT);
-    luaL_newlib(L, ctx_methods);
-    lua_setfield(L, -2, "methods");
-    lua_pushcfunction(L, l_ctx_index);
-    lua_setfield(L, -2, "__index");
-    lua_pop(L, 1);
-
-    luaL_newmetatable(L, RB_SIGNAL_MT);
-    luaL_newlib(L, signal_methods);
-    lua_setfield(L, -2, "methods");
-    lua_pushcfunction(L, l_signal_index);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_signal_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
-
-    luaL_newmetatable(L, RB_STOPWAIT_MT);
-    luaL_newlib(L, stopwait_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pop(L, 1);
+    rb_register_class(L, RB_DISPATCHER_MT, dispatcher_methods, NULL, l_dispatcher_gc);
+    rb_register_class(L, RB_CTX_MT, ctx_methods, l_ctx_index, NULL);
+    rb_register_class(L, RB_SIGNAL_MT, signal_methods, l_signal_index, l_signal_gc);
+    rb_register_class(L, RB_STOPWAIT_MT, stopwait_methods, NULL, NULL);
 }

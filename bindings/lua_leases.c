@@ -256,22 +256,13 @@ static const luaL_Reg lease_methods[] = {
     {NULL, NULL}
 };
 
+static const luaL_Reg local_leases_methods[] = {
+    {"try_acquire", l_local_try_acquire},
+    {NULL, NULL}
+};
+
 void rb_lua_leases_register(lua_State *L)
 {
-    luaL_newmetatable(L, RB_LEASE_MT);
-    luaL_newlib(L, lease_methods);
-    lua_setfield(L, -2, "methods");
-    lua_pushcfunction(L, l_lease_index);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_lease_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
-    luaL_newmetatable(L, RB_LOCAL_LEASES_MT);
-    lua_newtable(L);
-    lua_pushcfunction(L, l_local_try_acquire);
-    lua_setfield(L, -2, "try_acquire");
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_local_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
+    rb_register_class(L, RB_LEASE_MT, lease_methods, l_lease_index, l_lease_gc);
+    rb_register_class(L, RB_LOCAL_LEASES_MT, local_leases_methods, NULL, l_local_gc);
 }

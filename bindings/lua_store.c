@@ -690,18 +690,10 @@ static const luaL_Reg tx_methods[] = {
 
 void rb_lua_store_register(lua_State *L)
 {
-    luaL_newmetatable(L, RB_STORE_MT);
-    luaL_newlib(L, store_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_store_close);
-    lua_setfield(L, -2, "__gc");
+    rb_register_class(L, RB_STORE_MT, store_methods, NULL, l_store_close);
+    luaL_getmetatable(L, RB_STORE_MT);
     lua_pushcfunction(L, l_store_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
-    luaL_newmetatable(L, RB_TX_MT);
-    luaL_newlib(L, tx_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_tx_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
+    rb_register_class(L, RB_TX_MT, tx_methods, NULL, l_tx_gc);
 }

@@ -58,6 +58,23 @@ int rb_misuse(lua_State *L, const char *fmt, ...)
     return lua_error(L);
 }
 
+void rb_register_class(lua_State *L, const char *name, const luaL_Reg *methods,
+                       lua_CFunction index, lua_CFunction gc)
+{
+    luaL_newmetatable(L, name);
+    luaL_newlib(L, methods);
+    if (index) {
+        lua_setfield(L, -2, "methods");     /* the __index function looks here after fields */
+        lua_pushcfunction(L, index);
+    }
+    lua_setfield(L, -2, "__index");
+    if (gc) {
+        lua_pushcfunction(L, gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+}
+
 void rb_check_options(lua_State *L, int idx, const char *what, const char *const *allowed)
 {
     if (lua_isnoneornil(L, idx)) return;
