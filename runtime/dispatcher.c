@@ -242,11 +242,40 @@ static void run_start(rb_run *run);
 static void check_stop_done(rb_dispatcher *d);
 static void write_final(rb_run *run, rb_settle_kind kind, double delay, const char *error);
 
+/* ---- pools ------------------------------------------------------------------------------- */
+/* Runs and settle requests come and go with every delivery: finished ones are kept for reuse
+ * instead of going back to malloc. Per thread, since each loop runs on its own thread. */
+#define POOL_MAX 1024
+typedef struct pooled { struct pooled *next; } pooled;
+typedef struct pool { pooled *head; size_t n; } pool;
+static _Thread_local pool run_pool, settle_pool;
+
+static void *pool_get(pool *p, size_t size)
+{
+    pooled *x = p->head;
+    if (!x) return calloc(1, size);
+    p->head = x->next;
+    p->n--;
+    memset(x, 0, size);
+    return x;
+}
+
+static void pool_put(pool *p, void *x)
+{
+    if (p->n >= POOL_MAX) {
+        free(x);
+        return;
+    }
+    ((pooled *)x)->next = p->head;
+    p->head = x;
+    p->n++;
+}
+
 /* ---- settle queue ------------------------------------------------------------------------ */
 static settle_req *settle_new(rb_run *run, rb_settle_kind kind, double delay, const char *error,
                               settle_done_fn done)
 {
-    settle_req *r = calloc(1, sizeof *r);
+    settle_req *r = pool_get(&settle_pool, sizeof *r);
     if (!r) return NULL;
     r->run = run;
     r->done = done;
@@ -265,7 +294,7 @@ static settle_req *settle_new(rb_run *run, rb_settle_kind kind, double delay, co
 static void settle_free(settle_req *r)
 {
     free(r->error_copy);
-    free(r);
+    pool_put(&settle_pool, r);
 }
 
 static void settle_enqueue(rb_dispatcher *d, settle_req *r)
@@ -461,7 +490,7 @@ static void set_settling(rb_run *run)
 
 static rb_run *run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, double claimed_at)
 {
-    rb_run *run = calloc(1, sizeof *run);
+    rb_run *run = pool_get(&run_pool, sizeof *run);
     if (!run) return NULL;
     run->d = d;
     run->h = h;
@@ -485,7 +514,7 @@ static rb_run *run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, dou
 static void run_free(rb_run *run)
 {
     rb_delivery_free(run->rec);
-    free(run);
+    pool_put(&run_pool, run);
 }
 
 static void run_release_ref(rb_run *run)
