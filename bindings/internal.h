@@ -36,6 +36,8 @@ struct rb_module {
     cut_hook *cut_hooks;
     struct lua_dispatcher *dispatchers;  /* every dispatcher of this state */
     int closing;                /* lua_close is collecting: no callbacks into Lua */
+    rb_task *task_pool;         /* finished tasks whose coroutines can run again */
+    int task_pool_n;
 };
 
 /* An abort flag shared by a run's ctx.signal (and named leases' handle.signal). */
@@ -65,6 +67,7 @@ struct rb_task {
     /* Called when the coroutine ends: ok, or the error message. */
     void (*on_end)(rb_task *t, int ok, const char *err);
     void *ud;
+    rb_task *pool_next;         /* in the module's pool of finished tasks */
 };
 
 /* module.c */
@@ -80,6 +83,7 @@ rb_task *rb_task_current(lua_State *L);          /* the relaybus task L runs in,
 /* Creates a task running the function at the top of L's stack with nargs arguments below
  * it... see task.c. The function and args are popped. */
 rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs);
+void rb_task_free(rb_task *t);                   /* pools its coroutine when it can */
 void rb_task_start(rb_task *t, int nargs);
 void rb_task_abort(rb_task *t);                  /* wakes the pending wait with nil, "aborted" */
 void rb_task_install_hook(rb_task *t);

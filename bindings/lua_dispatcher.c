@@ -249,11 +249,8 @@ static int l_ctx_index(lua_State *L)
 static void free_run_data(run_data *rd)
 {
     rb_module *m = rd->h->ld->m;
-    if (!m->closing) {
-        if (rd->task) luaL_unref(m->L, LUA_REGISTRYINDEX, rd->task->co_ref);
-        luaL_unref(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
-    }
-    free(rd->task);
+    if (!m->closing) luaL_unref(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
+    if (rd->task) rb_task_free(rd->task);
     free(rd);
 }
 

@@ -62,7 +62,8 @@ void rb_register_class(lua_State *L, const char *name, const luaL_Reg *methods,
                        lua_CFunction index, lua_CFunction gc)
 {
     luaL_newmetatable(L, name);
-    luaL_newlib(L, methods);
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
     if (index) {
         lua_setfield(L, -2, "methods");     /* the __index function looks here after fields */
         lua_pushcfunction(L, index);

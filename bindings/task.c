@@ -176,18 +176,52 @@ static void task_resume(rb_task *t, int nargs)
     task_end(t, 0, msg);
 }
 
+/* Finished coroutines are kept for the next task: a run costs no new lua_State. */
+#define TASK_POOL_MAX 256
+
 rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs)
 {
     (void)nargs;
-    rb_task *t = calloc(1, sizeof *t);
-    if (!t) luaL_error(L, "relaybus: out of memory");
+    rb_task *t = m->task_pool;
+    if (t) {
+        m->task_pool = t->pool_next;
+        m->task_pool_n--;
+        lua_State *co = t->co;
+        int ref = t->co_ref;
+        memset(t, 0, sizeof *t);
+        t->co = co;
+        t->co_ref = ref;
+    } else {
+        t = calloc(1, sizeof *t);
+        if (!t) luaL_error(L, "relaybus: out of memory");
+        t->co = lua_newthread(L);
+        t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
     t->m = m;
-    t->co = lua_newthread(L);
-    t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     *(rb_task **)lua_getextraspace(t->co) = t;
     ev_idle_init(&t->yield_watcher, on_yield_idle);
     t->yield_watcher.data = t;
     return t;
+}
+
+void rb_task_free(rb_task *t)
+{
+    rb_module *m = t->m;
+    if (m->closing) {
+        free(t);
+        return;
+    }
+    /* Only a coroutine that returned normally is clean enough to run another function. */
+    if (m->task_pool_n < TASK_POOL_MAX && lua_status(t->co) == LUA_OK && lua_gettop(t->co) == 0) {
+        lua_sethook(t->co, NULL, 0, 0);
+        *(rb_task **)lua_getextraspace(t->co) = NULL;
+        t->pool_next = m->task_pool;
+        m->task_pool = t;
+        m->task_pool_n++;
+        return;
+    }
+    luaL_unref(m->L, LUA_REGISTRYINDEX, t->co_ref);
+    free(t);
 }
 
 /* The function and its nargs arguments must already be on t->co's stack. */
@@ -272,8 +306,7 @@ static void on_spawned_end(rb_task *t, int ok, const char *err)
     if (!ok) rb_log(RB_LOG_ERROR, "task failed: %s", err);
     if (!t->daemon) m->ntasks--;
     ev_break(m->loop, EVBREAK_ONE);     /* relaybus.run() may be waiting for this */
-    if (!m->closing) luaL_unref(m->L, LUA_REGISTRYINDEX, t->co_ref);
-    free(t);
+    rb_task_free(t);
 }
 
 static int spawn(lua_State *L, int daemon)
