@@ -34,6 +34,9 @@
 #define TICKET_TTL_S 3600.0
 #define BATCH_ROUND 500         /* kick/purge rows per round */
 #define ERRLEN 320
+#define VC_BUCKETS 4096
+#define VC_MAX 200000           /* cached versions kept at most (then the cache starts over) */
+#define VC_TTL_S 600.0          /* well inside TICKET_TTL_S: an older one is read again */
 
 typedef struct mstore mstore;
 typedef struct mjob mjob;
@@ -59,7 +62,7 @@ struct mstore {
     rb_store base;
     mongoc_uri_t *uri;
     mongoc_client_pool_t *pool;
-    char *db, *leases, *tickets;
+    char *db, *leases, *tickets, *queue;
     int ferret;                 /* the server is FerretDB */
     int replset;                /* transactions possible */
     pthread_t threads[NWORKERS];
@@ -75,6 +78,8 @@ struct mstore {
     size_t pending;                 /* jobs whose callback is still due (loop thread) */
     int closing;                    /* loop thread */
     rb_tx *txs;                     /* open transactions (loop thread) */
+    struct vce *vc[VC_BUCKETS];     /* FerretDB: versions our own claims wrote (mu) */
+    size_t vc_n;
 };
 
 static const rb_store_vtable mongo_vtable;
@@ -121,6 +126,102 @@ static double store_now(mstore *s)
     double off = s->clock_offset;
     pthread_mutex_unlock(&s->mu);
     return rb_wall_time() + off;
+}
+
+/* ---- versions our claims wrote (FerretDB) ------------------------------------------------
+ * A settle must know the version it changes; a claim just wrote it. Kept per delivery and
+ * lease token, a settle takes the ticket "<doc>:<v+1>" without reading the document first.
+ * That stays safe when the cache is stale: whoever changed the delivery since took that very
+ * ticket (versions grow by one per write, each through its ticket), so ours fails and the
+ * settle is not applied, as with a read. Entries expire well before tickets are pruned. */
+typedef struct vce {
+    struct vce *next;
+    char id[25], token[33];
+    int64_t v, attempts;
+    double at;                  /* monotonic s of the write */
+} vce;
+
+static unsigned vc_hash(const char *id)
+{
+    unsigned h = 2166136261u;
+    for (; *id; id++) h = (h ^ (unsigned char)*id) * 16777619u;
+    return h % VC_BUCKETS;
+}
+
+static void vc_drop_locked(mstore *s, const char *id)
+{
+    for (vce **p = &s->vc[vc_hash(id)]; *p; p = &(*p)->next)
+        if (strcmp((*p)->id, id) == 0) {
+            vce *e = *p;
+            *p = e->next;
+            free(e);
+            s->vc_n--;
+            return;
+        }
+}
+
+static void vc_clear_locked(mstore *s)
+{
+    for (size_t b = 0; b < VC_BUCKETS; b++)
+        while (s->vc[b]) {
+            vce *e = s->vc[b];
+            s->vc[b] = e->next;
+            free(e);
+        }
+    s->vc_n = 0;
+}
+
+static void vc_drop(mstore *s, const char *id)
+{
+    if (!s->ferret || !id) return;
+    pthread_mutex_lock(&s->mu);
+    vc_drop_locked(s, id);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void vc_put(mstore *s, const char *id, const char *token, int64_t v, int64_t attempts)
+{
+    if (!s->ferret || !id || !token || strlen(id) != 24 || strlen(token) > 32) return;
+    vce *e = calloc(1, sizeof *e);
+    pthread_mutex_lock(&s->mu);
+    vc_drop_locked(s, id);
+    if (s->vc_n >= VC_MAX) vc_clear_locked(s);
+    if (e) {
+        memcpy(e->id, id, 25);
+        snprintf(e->token, sizeof e->token, "%s", token);
+        e->v = v;
+        e->attempts = attempts;
+        e->at = mono_now();
+        unsigned h = vc_hash(id);
+        e->next = s->vc[h];
+        s->vc[h] = e;
+        s->vc_n++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The document as our last write left it (the fields a settle needs), or NULL. */
+static bson_t *vc_doc(mstore *s, const char *id, const char *token)
+{
+    bson_t *d = NULL;
+    bson_oid_t oid;
+    if (!s->ferret || !id || !token || strlen(id) != 24 || !bson_oid_is_valid(id, 24)) return NULL;
+    pthread_mutex_lock(&s->mu);
+    for (vce *e = s->vc[vc_hash(id)]; e; e = e->next)
+        if (strcmp(e->id, id) == 0) {
+            if (strcmp(e->token, token) == 0 && mono_now() - e->at < VC_TTL_S) {
+                d = bson_new();
+                bson_oid_init_from_string(&oid, id);
+                BSON_APPEND_OID(d, "_id", &oid);
+                BSON_APPEND_UTF8(d, "status", "processing");
+                BSON_APPEND_UTF8(d, "lease_token", token);
+                BSON_APPEND_INT64(d, "v", e->v);
+                BSON_APPEND_INT64(d, "attempts", e->attempts);
+            }
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return d;
 }
 
 static mongoc_collection_t *coll(mstore *s, mongoc_client_t *c, const char *name)
@@ -522,6 +623,118 @@ static bson_t *find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
     return d;
 }
 
+/* ---- the ready queue (FerretDB only) ----------------------------------------------------
+ * FerretDB pushes down to SQLite only a filter of exactly {_id: X}, and a LIMIT only when the
+ * find has no filter and no sort; anything else decodes every document of the collection in
+ * Go, so a claim that searched the deliveries for due ones cost time in proportion to all of
+ * them, completed ones included. There, <table>_queue holds entries {_id: "<delivery>:<g>",
+ * d: delivery id, t: topic, g: generation, at: not before (epoch s), c: created}, and a claim
+ * reads only the head of it (find {} with a limit: O(limit)), then each delivery by _id.
+ *
+ * The invariant: every live (pending or processing) delivery has at least one entry. An entry
+ * is written before its delivery (enqueue, kick), and one is removed only when its delivery
+ * is settled (completed, buried), gone for QUEUE_ORPHAN_S, or when its successor (the same
+ * delivery, generation g + 1, inserted at the tail) is in place: a claim moves the entries of
+ * what it claimed, and of what it could not use when the head it read was full, to the tail.
+ * Successors with the same id make concurrent moves collapse into one entry. The deliveries
+ * stay the truth: an entry is only a hint of where to look, so duplicates and leftovers cost
+ * a read, never a double claim (the tickets still decide). */
+#define QUEUE_ORPHAN_S 60.0
+#define QUEUE_READ_MAX 600
+
+typedef struct qbatch {
+    mongoc_bulk_operation_t *ins, *del;
+    size_t nins, ndel;
+} qbatch;
+
+static void qb_init(qbatch *b, mongoc_collection_t *qc)
+{
+    b->ins = unordered_bulk(qc);
+    b->del = unordered_bulk(qc);
+    b->nins = b->ndel = 0;
+}
+
+static void qentry_add(mongoc_bulk_operation_t *bk, const char *hex, const char *topic, int64_t g,
+                       double at, double now)
+{
+    bson_t e = BSON_INITIALIZER;
+    char id[64];
+    snprintf(id, sizeof id, "%s:%lld", hex, (long long)g);
+    BSON_APPEND_UTF8(&e, "_id", id);
+    BSON_APPEND_UTF8(&e, "d", hex);
+    BSON_APPEND_UTF8(&e, "t", topic ? topic : "");
+    BSON_APPEND_INT64(&e, "g", g);
+    BSON_APPEND_DOUBLE(&e, "at", at);
+    BSON_APPEND_DOUBLE(&e, "c", now);
+    mongoc_bulk_operation_insert(bk, &e);
+    bson_destroy(&e);
+}
+
+static void qb_put(qbatch *b, const char *hex, const char *topic, int64_t g, double at, double now)
+{
+    qentry_add(b->ins, hex, topic, g, at, now);
+    b->nins++;
+}
+
+static void qb_del(qbatch *b, const bson_t *entry)
+{
+    bson_t sel = BSON_INITIALIZER;
+    bson_iter_t it;
+    if (!bson_iter_init_find(&it, entry, "_id")) {
+        bson_destroy(&sel);
+        return;
+    }
+    bson_append_iter(&sel, "_id", -1, &it);
+    mongoc_bulk_operation_remove_one(b->del, &sel);
+    bson_destroy(&sel);
+    b->ndel++;
+}
+
+/* Moves an entry to the tail: its successor first, then (qb_run) the entry itself. */
+static void qb_move(qbatch *b, const bson_t *entry, double at, double now)
+{
+    qb_put(b, doc_str(entry, "d"), doc_str(entry, "t"), doc_int(entry, "g") + 1, at, now);
+    qb_del(b, entry);
+}
+
+/* Inserts, then deletes only when every insert landed (or its id was there already). Returns
+ * 0, or -1 with j->err set when `report`. */
+static int qb_run(mjob *j, qbatch *b, int report)
+{
+    int ok = 1;
+    if (b->nins) {
+        int *codes = calloc(b->nins, sizeof *codes);
+        char keep[ERRLEN];
+        memcpy(keep, j->err, sizeof keep);
+        if (!codes) {
+            mongoc_bulk_operation_destroy(b->ins);
+            ok = 0;
+            if (report) jfail(j, "out of memory");
+        } else {
+            int r = bulk_run(j, b->ins, codes, b->nins, "queue");
+            if (r < 0) ok = 0;
+            for (size_t i = 0; r >= 0 && i < b->nins; i++)
+                if (codes[i] && codes[i] != 11000) {
+                    ok = 0;
+                    if (report) jfail(j, "queue: the server refused an entry (code %d)", codes[i]);
+                }
+            free(codes);
+        }
+        if (!report) memcpy(j->err, keep, sizeof keep);
+    } else {
+        mongoc_bulk_operation_destroy(b->ins);
+    }
+    if (ok && b->ndel) {
+        bson_t reply;
+        bson_error_t e;
+        mongoc_bulk_operation_execute(b->del, &reply, &e);   /* a leftover costs a read later */
+        bson_destroy(&reply);
+    }
+    mongoc_bulk_operation_destroy(b->del);
+    b->ins = b->del = NULL;
+    return ok ? 0 : -1;
+}
+
 /* ---- the job queue and the loop side ---------------------------------------------------- */
 static void refresh_clock(mstore *s, mongoc_client_t *c);
 
@@ -819,6 +1032,19 @@ static void enq_work(mjob *j, mongoc_client_t *c)
         q->ids[i] = strdup(hex);
         want[i] = 1;
     }
+    if (j->s->ferret) {     /* the queue entries first: a delivery never lacks one */
+        mongoc_collection_t *qc = coll(j->s, c, j->s->queue);
+        qbatch qb;
+        qb_init(&qb, qc);
+        for (size_t i = 0; i < n; i++)
+            if (want[i]) {
+                const rb_enqueue_item *it = &q->items[i];
+                qb_put(&qb, q->ids[i], it->topic, 0, it->run_at > 0 ? it->run_at : now + it->delay, now);
+            }
+        int r = qb_run(j, &qb, 1);
+        mongoc_collection_destroy(qc);
+        if (r < 0) goto out;
+    }
     for (int round = 0; round < 5; round++) {
         int *got = calloc(n, sizeof *got);
         if (!got || enq_insert(j, cl, docs, want, got, dup, n) < 0) {
@@ -1076,9 +1302,164 @@ static int claim_candidates(claim_job *q, mongoc_collection_t *cl, double now, b
     return r;
 }
 
+/* ---- claim on FerretDB: from the head of the queue (see "the ready queue") ------------- */
+static int topic_wanted(const claim_job *q, const char *t)
+{
+    for (size_t i = 0; t && i < q->ntopics; i++)
+        if (strcmp(q->topics[i], t) == 0) return 1;
+    return 0;
+}
+
+typedef struct qcand {
+    bson_t *doc;
+    const bson_t *entry;
+} qcand;
+
+static int qcand_cmp(const void *a, const void *b)
+{
+    const qcand *x = a, *y = b;
+    double ra = doc_num(x->doc, "run_at"), rb = doc_num(y->doc, "run_at");
+    if (ra != rb) return ra < rb ? -1 : 1;
+    char hx[25] = "", hy[25] = "";
+    doc_oid(x->doc, hx);
+    doc_oid(y->doc, hy);
+    return strcmp(hx, hy);
+}
+
+static void claim_work_queue(claim_job *q, mongoc_client_t *c)
+{
+    mjob *j = &q->j;
+    mstore *s = j->s;
+    double now = store_now(s);
+    size_t want = q->limit * 2 + 16;
+    if (want > QUEUE_READ_MAX) want = QUEUE_READ_MAX;
+    mongoc_collection_t *qc = coll(s, c, s->queue), *cl = coll(s, c, s->base.table);
+    bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
+    BSON_APPEND_INT64(&opts, "limit", (int64_t)want);   /* no filter, no sort: a SQL LIMIT */
+    bson_t **ents = NULL;
+    size_t n = 0, nc = 0, nkept = 0;
+    int r = find_docs(j, qc, &f, &opts, NULL, &ents, &n);
+    bson_destroy(&f);
+    bson_destroy(&opts);
+    qcand *cands = calloc(n ? n : 1, sizeof *cands);
+    const char **kept = calloc(n ? n : 1, sizeof *kept);
+    if (r == 0 && (!cands || !kept)) {
+        jfail(j, "out of memory");
+        r = -1;
+    }
+    if (r < 0) goto out;
+    int full = n >= want;     /* more may wait behind: what cannot be used now moves back */
+    qbatch qb;
+    qb_init(&qb, qc);
+    for (size_t i = 0; i < n && nc < q->limit; i++) {
+        const bson_t *e = ents[i];
+        const char *hex = doc_str(e, "d"), *t = doc_str(e, "t");
+        double at = doc_num(e, "at");
+        bson_oid_t oid;
+        int dup = 0;
+        if (!hex || !parse_oid(hex, &oid)) {
+            qb_del(&qb, e);
+            continue;
+        }
+        for (size_t k = 0; k < nkept && !dup; k++) dup = strcmp(kept[k], hex) == 0;
+        if (dup) {              /* another entry of this delivery came first: it stands */
+            qb_del(&qb, e);
+            continue;
+        }
+        kept[nkept++] = hex;
+        if (!topic_wanted(q, t) || at > now) {
+            if (full) qb_move(&qb, e, at, now);
+            continue;
+        }
+        bson_t sel = BSON_INITIALIZER;
+        int failed = 0;
+        BSON_APPEND_OID(&sel, "_id", &oid);
+        bson_t *d = find_one(j, cl, &sel, NULL, &failed);
+        bson_destroy(&sel);
+        if (failed) {
+            r = -1;
+            break;
+        }
+        if (!d) {               /* not inserted yet, or its enqueue failed, or purged */
+            if (doc_num(e, "c") < now - QUEUE_ORPHAN_S) qb_del(&qb, e);
+            continue;
+        }
+        const char *st = doc_str(d, "status");
+        if (st && strcmp(st, "pending") == 0) {
+            double run_at = doc_num(d, "run_at");
+            if (run_at <= now) {
+                cands[nc].doc = d;
+                cands[nc++].entry = e;
+                continue;
+            }
+            qb_move(&qb, e, run_at, now);   /* fixed until it is due: later reads skip it */
+        } else if (st && strcmp(st, "processing") == 0) {
+            if (doc_num(d, "lease_expires_at") <= now) {
+                cands[nc].doc = d;
+                cands[nc++].entry = e;
+                continue;
+            }
+            if (full) qb_move(&qb, e, 0, now);
+        } else {
+            qb_del(&qb, e);     /* settled: a kick writes a new entry */
+        }
+        bson_destroy(d);
+    }
+    if (r == 0 && nc) {
+        qsort(cands, nc, sizeof *cands, qcand_cmp);
+        cas_op *ops = calloc(nc, sizeof *ops);
+        char (*tokens)[33] = calloc(nc, sizeof *tokens);
+        q->recs = calloc(nc, sizeof *q->recs);
+        if (!ops || !tokens || !q->recs) {
+            jfail(j, "out of memory");
+            free(ops);
+            r = -1;
+        } else {
+            for (size_t i = 0; i < nc; i++) {
+                bson_t *d = cands[i].doc;
+                rb_random_token(tokens[i]);
+                bson_t *u = claim_exceeds(d)
+                                ? upd_bury(d, doc_str(d, "last_error") ? NULL : "max attempts exceeded", now)
+                                : upd_claim(d, tokens[i], now, q->lease);
+                cas_init(s, &ops[i], d, "d", u);
+            }
+            if (cas_run(j, c, s->base.table, ops, nc, now) == 0) {
+                for (size_t i = 0; i < nc; i++) {
+                    if (!ops[i].won) continue;      /* the winner moves the entry */
+                    if (claim_exceeds(cands[i].doc)) {
+                        qb_del(&qb, cands[i].entry);
+                        continue;
+                    }
+                    /* Back to the tail, where an expired lease will be found again. */
+                    qb_move(&qb, cands[i].entry, 0, now);
+                    char hex[25];
+                    if (doc_oid(cands[i].doc, hex))
+                        vc_put(s, hex, tokens[i], ops[i].old_v + 1, doc_int(cands[i].doc, "attempts") + 1);
+                    rb_delivery *rec = claimed_record(cands[i].doc, tokens[i], now, q->lease);
+                    if (rec) q->recs[q->nrecs++] = rec;
+                }
+            }
+            cas_free(ops, nc);
+        }
+        free(tokens);
+    }
+    qb_run(j, &qb, 0);      /* an entry not moved stays where it was: nothing is lost */
+out:
+    for (size_t i = 0; cands && i < nc; i++) bson_destroy(cands[i].doc);
+    free(cands);
+    free(kept);
+    docs_free(ents, n);
+    mongoc_collection_destroy(qc);
+    mongoc_collection_destroy(cl);
+}
+
 static void claim_work(mjob *j, mongoc_client_t *c)
 {
     claim_job *q = (claim_job *)j;
+    if (j->s->ferret) {
+        claim_work_queue(q, c);
+        return;
+    }
     double now = store_now(j->s);
     mongoc_collection_t *cl = coll(j->s, c, j->s->base.table);
     bson_t **docs = NULL;
@@ -1209,16 +1590,19 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     mongoc_collection_t *cl = coll(j->s, c, j->s->base.table);
     cas_op *cas = calloc(m, sizeof *cas);
     rb_settle_op **mine = calloc(m, sizeof *mine);
+    int64_t *att = calloc(m, sizeof *att);
     size_t k = 0;
-    int r = (cas && mine) ? 0 : -1;
+    int r = (cas && mine && att) ? 0 : -1;
     for (size_t i = 0; r == 0 && i < m; i++) {
         int ok, failed = 0;
         bson_t *sel = oid_sel(round[i]->id, &ok);
-        bson_t *d = ok ? find_one(j, cl, sel, NULL, &failed) : NULL;
+        bson_t *d = ok ? vc_doc(j->s, round[i]->id, round[i]->token) : NULL;
+        if (ok && !d) d = find_one(j, cl, sel, NULL, &failed);
         bson_destroy(sel);
         if (failed) r = -1;
         else if (d && holds_lease(d, round[i]->token)) {
             cas_init(j->s, &cas[k], d, "d", upd_settle(d, round[i], now));
+            att[k] = doc_int(d, "attempts");
             mine[k++] = round[i];
         }
         if (d) bson_destroy(d);
@@ -1227,10 +1611,17 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     if (r == 0) r = cas_run(j, c, j->s->base.table, cas, k, now);
     for (size_t i = 0; r == 0 && i < k; i++) {
         mine[i]->applied = cas[i].won;
-        if (cas[i].won && mine[i]->kind == RB_OP_EXTEND) mine[i]->lease_expires_at = now + mine[i]->delay;
+        if (cas[i].won && mine[i]->kind == RB_OP_EXTEND) {
+            mine[i]->lease_expires_at = now + mine[i]->delay;
+            vc_put(j->s, mine[i]->id, mine[i]->token, cas[i].old_v + 1, att[i]);
+        } else {
+            vc_drop(j->s, mine[i]->id);
+        }
     }
+    for (size_t i = 0; r < 0 && i < k; i++) vc_drop(j->s, mine[i]->id);
     if (cas) cas_free(cas, k);
     free(mine);
+    free(att);
     if (r < 0 && !j->err[0]) jfail(j, "out of memory");
     return r;
 }
@@ -1528,6 +1919,21 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         return -1;
     }
     int64_t won = 0;
+    if (!del && j->s->ferret && n) {   /* a kicked delivery is live again: its entry first */
+        mongoc_collection_t *qc = coll(j->s, c, j->s->queue);
+        qbatch qb;
+        char hex[25];
+        qb_init(&qb, qc);
+        for (size_t i = 0; i < n; i++)
+            if (docs[i] && doc_oid(docs[i], hex))
+                qb_put(&qb, hex, doc_str(docs[i], "topic"), (int64_t)(now * 1000), 0, now);
+        int r = qb_run(j, &qb, 1);
+        mongoc_collection_destroy(qc);
+        if (r < 0) {
+            free(ops);
+            return -1;
+        }
+    }
     for (int pass = 0; pass < 2 && n; pass++) {
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
@@ -2195,7 +2601,9 @@ static void store_free(mstore *s)
     free(s->db);
     free(s->leases);
     free(s->tickets);
+    free(s->queue);
     free(s->base.table);
+    vc_clear_locked(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -2262,6 +2670,53 @@ static int create_index(mongoc_client_t *c, const char *db, const char *collname
     return ok;
 }
 
+/* FerretDB: a deliveries collection from before the queue existed gets an entry for each live
+ * delivery, once (the one full scan), when the queue collection is made. */
+static int queue_backfill(mstore *s, mongoc_client_t *c, char *err, size_t errlen)
+{
+    bson_error_t e;
+    memset(&e, 0, sizeof e);
+    mongoc_database_t *d = mongoc_client_get_database(c, s->db);
+    int has = mongoc_database_has_collection(d, s->queue, &e);
+    int ok = 1;
+    if (!has && e.code == 0) {
+        mongoc_collection_t *qc = mongoc_database_create_collection(d, s->queue, NULL, &e);
+        if (qc) mongoc_collection_destroy(qc);
+        else if (e.code != 48) ok = 0;  /* 48: another process made it meanwhile */
+        mongoc_collection_t *cl = coll(s, c, s->base.table);
+        bson_t *f = BCON_NEW("status", "{", "$in", "[", BCON_UTF8("pending"), BCON_UTF8("processing"), "]", "}");
+        mongoc_cursor_t *cur = ok ? mongoc_collection_find_with_opts(cl, f, NULL, NULL) : NULL;
+        const bson_t *doc;
+        mjob j;
+        memset(&j, 0, sizeof j);
+        j.s = s;
+        qbatch qb;
+        qb_init(&qb, qc = coll(s, c, s->queue));
+        double now = store_now(s);
+        while (cur && mongoc_cursor_next(cur, &doc)) {
+            char hex[25];
+            if (doc_oid(doc, hex)) qb_put(&qb, hex, doc_str(doc, "topic"), 0, 0, now);
+        }
+        if (cur && mongoc_cursor_error(cur, &e)) ok = 0;
+        if (cur) mongoc_cursor_destroy(cur);
+        if (qb_run(&j, &qb, 1) < 0 && ok) {
+            ok = 0;
+            snprintf(e.message, sizeof e.message, "%s", j.err);
+        }
+        mongoc_collection_destroy(qc);
+        mongoc_collection_destroy(cl);
+        bson_destroy(f);
+    } else if (!has) {
+        ok = 0;
+    }
+    if (!ok) {
+        snprintf(err, errlen, "mongodb: cannot create the queue %s.%s: %.200s", s->db, s->queue, e.message);
+        one_line(err);
+    }
+    mongoc_database_destroy(d);
+    return ok;
+}
+
 /* Claims sort by run_at among due statuses; purges look for old settled ones; dedupe is unique
  * among live deliveries only (sparse: completed and buried ones drop the field). FerretDB
  * accepts and ignores sparse, but its SQLite index skips missing fields anyway. */
@@ -2276,7 +2731,8 @@ static int migrate(mstore *s, mongoc_client_t *c, char *err, size_t errlen)
            create_index(c, s->db, t, BCON_NEW("key", "{", "status", BCON_INT32(1), "settled_at", BCON_INT32(1), "}",
                                               "name", BCON_UTF8("status_settled_at")), err, errlen) &&
            create_index(c, s->db, s->tickets, BCON_NEW("key", "{", "at", BCON_INT32(1), "}",
-                                                       "name", BCON_UTF8("at")), err, errlen);
+                                                       "name", BCON_UTF8("at")), err, errlen) &&
+           (!s->ferret || queue_backfill(s, c, err, errlen));
 }
 
 /* Pings through hello (the server's clock too) and learns what the server is. */
@@ -2337,14 +2793,16 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     s->base.table = strdup(table);
     s->leases = malloc(n);
     s->tickets = malloc(n);
+    s->queue = malloc(n);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (!s->base.table || !s->leases || !s->tickets) {
+    if (!s->base.table || !s->leases || !s->tickets || !s->queue) {
         store_free(s);
         return NULL;
     }
     snprintf(s->leases, n, "%s_leases", table);
     snprintf(s->tickets, n, "%s_tickets", table);
+    snprintf(s->queue, n, "%s_queue", table);
     s->clock_checked = mono_now();
     return s;
 }
