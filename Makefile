@@ -73,7 +73,7 @@ $(BUILD)/embed_host: examples/embed_host.c $(BUILD)/librelaybus.a
 # A small HTTP server the specs and benchmarks talk to.
 $(BUILD)/http_receiver: spec/support/http_receiver.c
 	@mkdir -p $(BUILD)
-	$(CC) $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -o $@ $< -lev
+	$(CC) $(OPT) -std=c11 -Wall -Wextra -o $@ $< -lev
 
 examples: $(BUILD)/embed_host $(BUILD)/http_receiver
 
