@@ -209,6 +209,8 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
     if (lua_type(L, ti) != LUA_TSTRING || lua_rawlen(L, ti) == 0)
         rb_misuse(L, "%s: topic must be a non-empty string", what);
     it->topic = lua_tostring(L, ti);
+    /* Stores take C strings: a NUL would silently cut the topic short. */
+    if (strlen(it->topic) != lua_rawlen(L, ti)) rb_misuse(L, "%s: topic must not contain a NUL byte", what);
     if (!rb_json_encode(L, pi))
         rb_misuse(L, "%s: payload is not JSON-encodable (%s)", what, lua_tostring(L, -1));
     it->payload = lua_tostring(L, -1);
@@ -226,6 +228,8 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
         if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
             rb_misuse(L, "%s: key must be a string", what);
         it->key = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
+        if (it->key && strlen(it->key) != lua_rawlen(L, -1))
+            rb_misuse(L, "%s: key must not contain a NUL byte", what);
         /* the key and payload strings stay on the stack until the call ends */
     }
 }

@@ -13,7 +13,11 @@
 #define BUSY_TIMEOUT_MS 5       /* the longest sqlite3 itself may block the loop on a lock */
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate are blocking by contract */
 #define RETRY_FIRST     0.002   /* s: first retry after SQLITE_BUSY, doubling ... */
-#define RETRY_MAX       0.05    /* ... up to this (latency once the lock frees) ... */
+#define RETRY_MAX       0.01    /* ... up to this (latency once the lock frees) ... */
+/* After a transaction ends, the next one here waits this long, so other processes' retries
+ * can take the single write lock in between: SQLite itself has no fairness, and a process
+ * running transactional handlers back to back would otherwise starve every other worker. */
+#define TX_GAP          0.003
 #define RETRY_GIVE_UP   30.0    /* ... until the job fails */
 #define SCHEMA_VERSION  1
 #define LIST_DEFAULT    100
@@ -174,6 +178,7 @@ struct rb_sqlite {
     rb_tx *tx;                  /* the open transaction: it holds the connection */
     ev_timer retry;
     double retry_delay;
+    double tx_ended_at;     /* monotonic s when the last transaction ended */
     int pumping, retry_armed, closed;
 };
 
@@ -735,10 +740,18 @@ static job_rc run_lease(rb_sqlite *s, job *j)
 }
 
 /* --- transactions ----------------------------------------------------------------------- */
+static double monotonic_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static void end_tx(rb_sqlite *s)
 {
     free(s->tx);
     s->tx = NULL;
+    s->tx_ended_at = monotonic_now();
 }
 
 static job_rc run_begin(rb_sqlite *s, job *j)
@@ -1029,6 +1042,10 @@ static void pump(rb_sqlite *s)
     int ran = 0;
     while (!s->closed && (j = next_job(s)) != NULL) {
         if (++ran > PUMP_BATCH) { schedule(s, 0); break; }
+        if (j->type == &T_BEGIN && !s->tx) {
+            double wait = s->tx_ended_at + TX_GAP - monotonic_now();
+            if (wait > 0) { schedule(s, wait); break; }
+        }
         j->err[0] = 0;
         j->failed = 0;
         if (j->type->run(s, j) == JOB_BUSY) { arm_retry(s); break; }
@@ -1376,6 +1393,9 @@ static int record_version(sqlite3 *db, const char *table)
 /* Applies the migrations this table lacks, in one transaction; idempotent. */
 static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
 {
+    /* Current already (the usual case): a read says so, and no write lock is taken -- a
+     * worker restarting beside a busy one must not queue for the single writer. */
+    if (schema_version(db, table) == SCHEMA_VERSION) return 0;
     int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
                           " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
     int v = rc == SQLITE_OK ? schema_version(db, table) : -1;
