@@ -29,16 +29,7 @@ local function poll(cond, timeout)
   end
 end
 
--- Words of every complete line of a log.
-local function parse(path)
-  local out = {}
-  for _, line in ipairs(S.lines(path)) do
-    local f = {}
-    for w in line:gmatch("%S+") do f[#f + 1] = w end
-    if #f > 0 then out[#out + 1] = f end
-  end
-  return out
-end
+local parse = S.parse_log
 
 local function find(path, kind)
   for _, f in ipairs(parse(path)) do

@@ -8,16 +8,7 @@ local relaybus = S.relaybus()
 
 local WORKER = S.support .. "/worker.lua"
 
--- Parses a worker log: a list of {kind=, fields...} per complete line.
-local function parse(path)
-  local out = {}
-  for _, line in ipairs(S.lines(path)) do
-    local f = {}
-    for w in line:gmatch("%S+") do f[#f + 1] = w end
-    if #f > 0 then out[#out + 1] = f end
-  end
-  return out
-end
+local parse = S.parse_log
 
 local function count(path, kind)
   local n = 0

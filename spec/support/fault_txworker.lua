@@ -13,19 +13,12 @@
 -- Environment: RB_KIND (sqlite | postgresql | mongodb), RB_RAISE (0.2), RB_SLEEP (0.01),
 -- RB_LEASE (2), RB_CONC (8), RB_POLL (0.05), RB_OPEN_RETRY (0).
 local relaybus = require "relaybus"
+local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
 local url, tbl, app, logpath = ...
 assert(url and tbl and app and logpath, "usage: fault_txworker.lua STORE_URL TABLE APP_TABLE LOGFILE")
-local opts = {}
-if tbl ~= "" and tbl ~= "-" then opts.table = tbl end
-local log = assert(io.open(logpath, "a"))
-local function say(...)
-  local parts = table.pack(...)
-  for i = 1, parts.n do parts[i] = tostring(parts[i]) end
-  log:write(table.concat(parts, " ", 1, parts.n), "\n")
-  log:flush()
-end
-local function t(x) return string.format("%.6f", x) end
+local opts = C.store_opts(tbl)
+local say, t = C.logger(logpath), C.t
 local function num(name, default) return tonumber(os.getenv(name) or "") or default end
 
 -- RB_OPEN_RETRY=S: keep retrying a failed open for up to S s, logging "OPENFAIL <err>" each

@@ -10,23 +10,15 @@
 -- Other lines: READY <seed>, ERR <message>, SIGNAL <aborted> <reason> (after an expiry, when the
 -- signal was not aborted with reason lease), DONE <holdings> <misses>.
 local relaybus = require "relaybus"
+local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
 local url, tbl, logpath, name, duration, until_, seed = ...
 assert(url and logpath and name and duration and until_ and seed,
   "usage: lease_contend.lua STORE_URL TABLE LOGFILE NAME DURATION UNTIL SEED")
 duration, until_, seed = tonumber(duration), tonumber(until_), tonumber(seed)
-local opts = {}
-if tbl and tbl ~= "" and tbl ~= "-" then opts.table = tbl end
-local store = assert(relaybus.open(url, opts))
+local store = C.open(url, tbl)
 
-local log = assert(io.open(logpath, "a"))
-local function say(...)
-  local parts = table.pack(...)
-  for i = 1, parts.n do parts[i] = tostring(parts[i]) end
-  log:write(table.concat(parts, " ", 1, parts.n), "\n")
-  log:flush()
-end
-local function t(x) return string.format("%.6f", x) end
+local say, t = C.logger(logpath), C.t
 
 math.randomseed(seed)
 say("READY", seed)

@@ -6,23 +6,15 @@
 --   E <start> <end> <sleep_ok> <sleep_err>
 -- READY once the dispatcher runs. SIGTERM stops it gracefully.
 local relaybus = require "relaybus"
+local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
 local url, tbl, logpath, name, interval = ...
 assert(url and logpath and name and interval,
   "usage: lease_every.lua STORE_URL TABLE LOGFILE NAME INTERVAL")
 interval = tonumber(interval)
-local opts = {}
-if tbl and tbl ~= "" and tbl ~= "-" then opts.table = tbl end
-local store = assert(relaybus.open(url, opts))
+local store = C.open(url, tbl)
 
-local log = assert(io.open(logpath, "a"))
-local function say(...)
-  local parts = table.pack(...)
-  for i = 1, parts.n do parts[i] = tostring(parts[i]) end
-  log:write(table.concat(parts, " ", 1, parts.n), "\n")
-  log:flush()
-end
-local function t(x) return string.format("%.6f", x) end
+local say, t = C.logger(logpath), C.t
 
 math.randomseed(os.time() + math.floor(relaybus.now() * 1e6) % 100000)
 

@@ -5,22 +5,13 @@
 --   A <time_seen> <aborted> <reason> <extend_ok> <extend_err> <release_ok> <release_err>
 -- (errors with blanks as _). "NOLEASE" when the name was taken at the start.
 local relaybus = require "relaybus"
+local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
 local url, tbl, logpath, name, duration = ...
 assert(url and logpath and name and duration,
   "usage: lease_frozen.lua STORE_URL TABLE LOGFILE NAME DURATION")
-local opts = {}
-if tbl and tbl ~= "" and tbl ~= "-" then opts.table = tbl end
-local store = assert(relaybus.open(url, opts))
-
-local log = assert(io.open(logpath, "a"))
-local function say(...)
-  local parts = table.pack(...)
-  for i = 1, parts.n do parts[i] = tostring(parts[i]):gsub("%s", "_") end
-  log:write(table.concat(parts, " ", 1, parts.n), "\n")
-  log:flush()
-end
-local function t(x) return string.format("%.6f", x) end
+local store = C.open(url, tbl)
+local say, t = C.logger(logpath, "_"), C.t
 
 local h, err = store:try_acquire(name, tonumber(duration))
 if not h then

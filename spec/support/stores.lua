@@ -258,6 +258,17 @@ function M.lines(path)
   return out
 end
 
+-- The words of every complete, non-empty line of a child's log (see child.lua).
+function M.parse_log(path)
+  local out = {}
+  for _, line in ipairs(M.lines(path)) do
+    local f = {}
+    for w in line:gmatch("%S+") do f[#f + 1] = w end
+    if #f > 0 then out[#out + 1] = f end
+  end
+  return out
+end
+
 -- Runs a command to completion; returns exit code, stdout, stderr.
 function M.run_command(argv, env)
   local base = M.tmpfile("cmd")

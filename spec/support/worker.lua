@@ -12,21 +12,13 @@
 -- (wait until the file RB_GATE exists, then complete); RB_TOPIC (default "work"), RB_LEASE,
 -- RB_CONC, RB_POLL, RB_SLEEP, RB_JITTER (extra random sleep up to this), RB_SHUTDOWN.
 local relaybus = require "relaybus"
+local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
 local url, tbl, logpath = ...
 assert(url and logpath, "usage: worker.lua STORE_URL TABLE LOGFILE")
-local opts = {}
-if tbl and tbl ~= "" and tbl ~= "-" then opts.table = tbl end
-local store = assert(relaybus.open(url, opts))
+local store = C.open(url, tbl)
 
-local log = assert(io.open(logpath, "a"))
-local function say(...)
-  local parts = table.pack(...)
-  for i = 1, parts.n do parts[i] = tostring(parts[i]) end
-  log:write(table.concat(parts, " ", 1, parts.n), "\n")
-  log:flush()
-end
-local function t(x) return string.format("%.6f", x) end
+local say, t = C.logger(logpath), C.t
 
 local function num(name, default) return tonumber(os.getenv(name) or "") or default end
 local mode = os.getenv("RB_MODE") or "drain"
