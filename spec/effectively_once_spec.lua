@@ -119,7 +119,7 @@ for _, entry in ipairs(S.list()) do
           return s > ended
         end
         local t0 = relaybus.now()
-        local kills, done = 0, 0
+        local kills, done, cuts = 0, 0, 0
         math.randomseed(os.time())
         local next_kill = relaybus.now() + 0.2
         while relaybus.now() - t0 < 150 do
@@ -131,12 +131,15 @@ for _, entry in ipairs(S.list()) do
           for slot = 1, 3 do
             if busy(slots[slot]) then candidates[#candidates + 1] = slot end
           end
-          if kills < 8 and done < N * 0.9 and #candidates > 0 and relaybus.now() >= next_kill then
+          -- at least 8 kills, and more (up to 20) until one has cut a run in flight
+          local want = kills < 8 or (cuts == 0 and kills < 20)
+          if want and done < N * 0.9 and #candidates > 0 and relaybus.now() >= next_kill then
             next_kill = relaybus.now() + 0.2 + math.random() * 0.6
             local slot = candidates[math.random(1, #candidates)]
             S.kill(slots[slot].proc)
             slots[slot].ended_at = relaybus.now()
             kills = kills + 1
+            if busy(slots[slot]) then cuts = cuts + 1 end   -- its log has a run that never ended
             start(slot)
           end
           for slot = 1, 3 do
