@@ -7,6 +7,9 @@
 #   url DIR      prints the URL of the server running in DIR
 #   build        only builds (or finds) the cached binary and prints its path
 set -euo pipefail
+# The specs' ASan run preloads libasan into their processes; the servers must not inherit it
+# (postgres hangs under it).
+unset LD_PRELOAD
 
 FERRETDB_VERSION=${FERRETDB_VERSION:-v1.24.2}
 CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/relaybus

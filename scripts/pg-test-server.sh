@@ -6,6 +6,9 @@
 #   restart DIR  restarts it on the same port, keeping the data (server-restart specs)
 #   url DIR      prints the URL of the cluster in DIR
 set -euo pipefail
+# The specs' ASan run preloads libasan into their processes; the servers must not inherit it
+# (postgres hangs under it).
+unset LD_PRELOAD
 
 DB=relaybus_test
 

@@ -44,8 +44,9 @@ end
 -- Runs one SQL text with psql against `url`; returns ok, stdout (unaligned, tuples only), stderr.
 function F.psql(url, sql)
   local psql = assert(F.psql_path(), "psql not found (install the PostgreSQL client)")
-  local code, out, err = S.run_command { psql, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
-                                         "-d", url, "-c", sql }
+  -- env -u: the ASan run preloads libasan into the spec process; psql must not inherit it
+  local code, out, err = S.run_command { "env", "-u", "LD_PRELOAD", psql, "-X", "-q", "-At",
+                                         "-v", "ON_ERROR_STOP=1", "-d", url, "-c", sql }
   return code == 0, out, err
 end
 
