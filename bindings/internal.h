@@ -73,15 +73,15 @@ struct rb_task {
 /* module.c */
 rb_module *rb_module_get(lua_State *L);
 void rb_module_run_cut_hooks(rb_module *m);
-/* JSON through lua-cjson: encode the value at idx; on failure returns NULL with the message
- * pushed... both push the result on success. */
-int rb_json_encode(lua_State *L, int idx);       /* pushes string, or returns 0 with err pushed */
-int rb_json_decode(lua_State *L, const char *s, size_t len); /* pushes value, or 0 with err */
+/* JSON through lua-cjson. Each returns 1 with the result pushed (the JSON text; the decoded
+ * value, JSON null at the top as nil), or 0 with the error message pushed. */
+int rb_json_encode(lua_State *L, int idx);
+int rb_json_decode(lua_State *L, const char *s, size_t len);
 
 /* task.c */
 rb_task *rb_task_current(lua_State *L);          /* the relaybus task L runs in, or NULL */
-/* Creates a task running the function at the top of L's stack with nargs arguments below
- * it... see task.c. The function and args are popped. */
+/* A new (or pooled) task; push the function and its arguments on t->co, then start it with
+ * rb_task_start(t, nargs). L is used to create the coroutine. */
 rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs);
 void rb_task_free(rb_task *t);                   /* pools its coroutine when it can */
 void rb_task_start(rb_task *t, int nargs);
