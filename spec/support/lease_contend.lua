@@ -4,7 +4,7 @@
 -- it, it holds it for a random fraction of the lease, and then releases it, extends it (up to
 -- three times, then decides again) or lets it expire. One line per holding, flushed at once:
 --   I <start> <end> <how> <extends> <late_release>
--- start: when try_acquire returned the handle; end: min(when release returned, deadline);
+-- start: when try_acquire returned the handle; end: min(when release was called, deadline);
 -- how: release | expire | lost (an extend that failed before the deadline); late_release: what
 -- release() returned after an expiry ("nil" expected: a late release is refused).
 -- Other lines: READY <seed>, ERR <message>, SIGNAL <aborted> <reason> (after an expiry, when the
@@ -40,8 +40,10 @@ while relaybus.now() < until_ do
       local r = math.random()
       if r < 0.35 then
         hold_for(h, 0, 0.9)
-        local ok, rerr = h:release()
+        -- the holding ends when the holder stops its work and asks to release; the release's
+        -- answer may come back after a successor already took the name
         stop = math.min(relaybus.now(), h.deadline)
+        local ok, rerr = h:release()
         if ok then how = "release" else how = "release-refused"; say("ERR", "release: " .. tostring(rerr)) end
       elseif r < 0.6 and extends < 3 then
         hold_for(h, 0, 0.8)
