@@ -1143,17 +1143,26 @@ static void enqueue_done(pg_op *op, PGresult *res, const char *err)
     op_free(op);
 }
 
-static void pg_enqueue(rb_store *bs, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud)
+/* Builds an enqueue operation, or reports why it cannot be built; NULL then. */
+static pg_op *enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, rb_ids_cb cb,
+                         void *ud)
 {
-    pg_store *s = (pg_store *)bs;
-    if (n == 0) { cb(ud, NULL, NULL, 0); return; }
+    if (n == 0) { cb(ud, NULL, NULL, 0); return NULL; }
     pg_op *op = op_new(s, enqueue_done, ud);
     if (op) op->cb.ids = cb;
     if (!op || !enqueue_params(op, items, n)) {
         op_free(op);
         cb(ud, "postgresql: out of memory", NULL, 0);
-        return;
+        return NULL;
     }
+    return op;
+}
+
+static void pg_enqueue(rb_store *bs, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    pg_op *op = enqueue_op(s, items, n, cb, ud);
+    if (!op) return;
     store_enter(s);
     op_submit(s, op);
     store_leave(s);
@@ -1452,14 +1461,9 @@ static void pg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_
 {
     pg_store *s = tx->s;
     if (!s) { cb(ud, closed_msg, NULL, 0); return; }
-    if (n == 0) { cb(ud, NULL, NULL, 0); return; }
-    pg_op *op = op_new(s, enqueue_done, ud);
-    if (op) { op->cb.ids = cb; op->tx = tx; }
-    if (!op || !enqueue_params(op, items, n)) {
-        op_free(op);
-        cb(ud, "postgresql: out of memory", NULL, 0);
-        return;
-    }
+    pg_op *op = enqueue_op(s, items, n, cb, ud);
+    if (!op) return;
+    op->tx = tx;
     store_enter(s);
     tx_submit(tx, op);
     store_leave(s);
