@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #include <ev.h>
 #include <lua.h>
@@ -122,6 +123,10 @@ static void without_mongoc_shm(char **argv)
 {
     if (getenv("MONGOC_DISABLE_SHM")) return;
     setenv("MONGOC_DISABLE_SHM", "1", 1);
+    /* This process's counters file was just made; exec runs no destructor to remove it. */
+    char name[64];
+    snprintf(name, sizeof name, "/mongoc-%d", (int)getpid());
+    shm_unlink(name);
     execv("/proc/self/exe", argv);
     /* exec failed (no /proc): go on; at worst the warning appears */
 }
