@@ -6,29 +6,7 @@ local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local relaybus = S.relaybus()
 
--- Misuse raises an error that starts with "relaybus:"; returns the message.
-local function raises_relaybus(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "no error was raised")
-  assert.is_string(err)
-  assert.truthy(err:match("^relaybus:"), "the error does not start with relaybus: " .. err)
-  H.one_line(err)
-  return err
-end
-
--- A failure that may be reported either way (a raise starting with relaybus:, or nil, err):
--- returns the message.
-local function refused(fn, ...)
-  local ok, res, err = pcall(fn, ...)
-  if not ok then
-    assert.truthy(tostring(res):match("^relaybus:"), "raised without relaybus: " .. tostring(res))
-    H.one_line(res)
-    return res
-  end
-  assert.is_nil(res, "accepted")
-  H.one_line(err)
-  return err
-end
+local raises_relaybus, refused = H.raises_relaybus, H.refused
 
 describe("bad input:", function()
   teardown(function() S.cleanup() end)

@@ -106,43 +106,50 @@ local function drain_through_restart(srv, store, tbl, all, env, limit, what)
   return finish_and_check(store, incs, all, what)
 end
 
+-- The hooks of a describe that runs against a server of its own (`kind` "pg" or "mongo"):
+-- started once, a fresh table and store per test. Returns the table the tests read
+-- (X.srv, X.store, X.tbl).
+local function own_server(kind)
+  local X = {}
+  setup(function()
+    X.srv = F.start_server(kind)
+  end)
+  before_each(function()
+    X.tbl = S.unique("rbf")
+    X.store = assert(relaybus.open(X.srv.url, { table = X.tbl }))
+  end)
+  after_each(function()
+    S.kill_all()
+    if X.store then X.store:close() end
+    X.store = nil
+  end)
+  teardown(function()
+    S.kill_all()
+    F.stop_server(X.srv)
+    S.cleanup()
+  end)
+  return X
+end
+
 if F.pg_available() or F.ci then
   describe("faults on PostgreSQL (a cluster started by this spec):", function()
-    local srv, store, tbl
-
-    setup(function()
-      srv = F.start_server("pg")
-    end)
-    before_each(function()
-      tbl = S.unique("rbf")
-      store = assert(relaybus.open(srv.url, { table = tbl }))
-    end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
-    teardown(function()
-      S.kill_all()
-      F.stop_server(srv)
-      S.cleanup()
-    end)
+    local X = own_server("pg")
 
     it("a server restart while two workers drain 5,000 deliveries: all complete, none lost, no two runs of one delivery overlap, only one-line errors", function()
       H.near(S.mono(), relaybus.now(), 0.5, "relaybus.now() against CLOCK_MONOTONIC")
-      local all = F.enqueue_n(store, "work", 5000)
+      local all = F.enqueue_n(X.store, "work", 5000)
       assert.equal(5000, #all)
       -- about 35 ms a run, 16 at once per worker: a drain of several seconds
       local env = { RB_SLEEP = "0.02", RB_JITTER = "0.03", RB_CONC = "16", RB_LEASE = "2" }
-      drain_through_restart(srv, store, tbl, all, env, 90, "postgresql restart")
+      drain_through_restart(X.srv, X.store, X.tbl, all, env, 90, "postgresql restart")
     end)
 
     it("connections killed on the server (pg_terminate_backend) under a running dispatcher: everything still completes", function()
       H.near(S.mono(), relaybus.now(), 0.5, "relaybus.now() against CLOCK_MONOTONIC")
       local N = 2000
-      local all = F.enqueue_n(store, "work", N)
+      local all = F.enqueue_n(X.store, "work", N)
       local env = { RB_SLEEP = "0.02", RB_JITTER = "0.03", RB_CONC = "16", RB_LEASE = "2" }
-      local incs = start_workers(2, srv.url, tbl, env)
+      local incs = start_workers(2, X.srv.url, X.tbl, env)
       local paths = logs(incs)
       local kill_sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
         .. " WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -151,7 +158,7 @@ if F.pg_available() or F.ci then
           alive(incs)
           return F.count_all(paths, "E") >= N * share
         end, 60), "the drain did not reach " .. share * 100 .. "%")
-        local ok, out, err = F.psql(srv.url, kill_sql)
+        local ok, out, err = F.psql(X.srv.url, kill_sql)
         assert.is_true(ok, "psql: " .. err)
         -- two workers, each with at least a pool connection and its listener
         local n = select(2, out:gsub("t\n", ""))
@@ -160,43 +167,25 @@ if F.pg_available() or F.ci then
       assert.is_true(F.count_all(paths, "E") < N, "the drain ended before the last kill")
       local finished = S.wait_for(function()
         alive(incs)
-        return completed(store) == N
+        return completed(X.store) == N
       end, 60)
-      assert.truthy(finished, tostring(completed(store)) .. " of " .. N .. " completed")
-      finish_and_check(store, incs, all, "pg_terminate_backend")
+      assert.truthy(finished, tostring(completed(X.store)) .. " of " .. N .. " completed")
+      finish_and_check(X.store, incs, all, "pg_terminate_backend")
     end)
   end)
 end
 
 if F.ci or F.ferret_available() then
   describe("faults on MongoDB (a FerretDB started by this spec):", function()
-    local srv, store, tbl
-
-    setup(function()
-      srv = F.start_server("mongo")
-    end)
-    before_each(function()
-      tbl = S.unique("rbf")
-      store = assert(relaybus.open(srv.url, { table = tbl }))
-    end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
-    teardown(function()
-      S.kill_all()
-      F.stop_server(srv)
-      S.cleanup()
-    end)
+    local X = own_server("mongo")
 
     it("a FerretDB restart while two workers drain 300 deliveries: all complete, none lost, no two runs of one delivery overlap, only one-line errors", function()
       H.near(S.mono(), relaybus.now(), 0.5, "relaybus.now() against CLOCK_MONOTONIC")
       local N = tonumber(os.getenv("RELAYBUS_FAULT_N_MONGODB") or "") or 300
-      local all = F.enqueue_n(store, "work", N)
+      local all = F.enqueue_n(X.store, "work", N)
       assert.equal(N, #all)
       local env = { RB_SLEEP = "0.02", RB_JITTER = "0.06", RB_CONC = "16", RB_LEASE = "3" }
-      drain_through_restart(srv, store, tbl, all, env, 150, "ferretdb restart")
+      drain_through_restart(X.srv, X.store, X.tbl, all, env, 150, "ferretdb restart")
     end)
   end)
 end

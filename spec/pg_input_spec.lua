@@ -11,19 +11,7 @@ local relaybus = S.relaybus()
 
 local WORKER = S.support .. "/worker.lua"
 
--- Refused either way the contract allows for a bad argument: a raise starting with relaybus:,
--- or nil, err. Returns the message.
-local function refused(fn, ...)
-  local ok, res, err = pcall(fn, ...)
-  if not ok then
-    assert.truthy(tostring(res):match("^relaybus:"), "raised without relaybus: " .. tostring(res))
-    H.one_line(res)
-    return res
-  end
-  assert.is_nil(res, "accepted")
-  H.one_line(err)
-  return err
-end
+local refused = H.refused
 
 -- A runtime failure: nil and a one-line error (no raise). Returns the message.
 local function fails(fn, ...)

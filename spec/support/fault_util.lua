@@ -91,15 +91,7 @@ end
 
 -- ---- worker logs ---------------------------------------------------------------------------
 -- A log as a list of word lists, complete lines only.
-function F.parse(path)
-  local out = {}
-  for _, line in ipairs(S.lines(path)) do
-    local f = {}
-    for w in line:gmatch("%S+") do f[#f + 1] = w end
-    if #f > 0 then out[#out + 1] = f end
-  end
-  return out
-end
+F.parse = S.parse_log
 
 function F.count(path, kind)
   local n = 0

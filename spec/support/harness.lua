@@ -110,4 +110,31 @@ function H.mongo_replica_set(store)
   return mongo_rs
 end
 
+-- (luassert here: a support module does not get the spec files' assert)
+local la = require "luassert"
+
+-- Misuse raises an error that starts with "relaybus:"; returns the message.
+function H.raises_relaybus(fn, ...)
+  local ok, err = pcall(fn, ...)
+  la.is_false(ok, "no error was raised")
+  la.is_string(err)
+  la.truthy(err:match("^relaybus:"), "the error does not start with relaybus: " .. err)
+  H.one_line(err)
+  return err
+end
+
+-- Refused either way the contract allows for a bad argument: a raise starting with
+-- relaybus:, or nil, err. Returns the message.
+function H.refused(fn, ...)
+  local ok, res, err = pcall(fn, ...)
+  if not ok then
+    la.truthy(tostring(res):match("^relaybus:"), "raised without relaybus: " .. tostring(res))
+    H.one_line(res)
+    return res
+  end
+  la.is_nil(res, "accepted")
+  H.one_line(err)
+  return err
+end
+
 return H
