@@ -121,6 +121,21 @@ for _, entry in ipairs(S.list()) do
         assert.equal(0, #assert(store:list { status = "completed" }))
         for _, r in ipairs(pend) do assert.equal("pending", r.status) end
       end)
+
+      it("list keeps the oldest first past ten deliveries (ids order as numbers, not text)", function()
+        local ids = {}
+        for i = 1, 12 do ids[i] = assert(store:enqueue("list.many", i)) end
+        local rs = assert(store:list { topic = "list.many" })
+        assert.equal(12, #rs)
+        for i = 1, 12 do assert.equal(ids[i], rs[i].id, "position " .. i) end
+      end)
+
+      it("refuses a topic or dedupe key with a NUL byte instead of cutting it short", function()
+        local before = #assert(store:list {})
+        H.raises_relaybus(store.enqueue, store, "nul\0topic", 1)
+        H.raises_relaybus(store.enqueue, store, "nul.key", 1, { key = "k\0x" })
+        assert.equal(before, #assert(store:list {}))
+      end)
     end)
 
     describe("delay and run_at", function()
