@@ -14,6 +14,9 @@ ALL_CFLAGS = $(OPT) $(CFLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Irunti
 LDLIBS   = $(shell pkg-config --libs $(PKGS)) -lev -lm -lpthread
 SANITIZE ?=
 ALL_CFLAGS += $(SANITIZE)
+# A generator that fails (say lua5.4 not installed yet) must not leave an empty header behind
+# that the next make would trust.
+.DELETE_ON_ERROR:
 LDFLAGS += $(SANITIZE)
 
 RUNTIME_SRC  = $(wildcard runtime/*.c)
