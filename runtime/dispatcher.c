@@ -151,7 +151,10 @@ struct rb_dispatcher {
     handler_entry *handlers;
     size_t nhandlers;
     const char **topics;
-    int started, stopping, stopped, claiming, claim_again;
+    int started, stopping, stopped, claim_again;
+    int claiming;               /* claims in flight */
+    size_t claim_slots;         /* handler slots those claims may fill */
+    int backlog;                /* the last claim came back full: more is probably due */
     size_t nactive;             /* unsettled runs, parked ones included */
     size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
     rb_run *runs;               /* list of unsettled runs */
@@ -816,7 +819,9 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
 {
     claim_ctx *c = ud;
     rb_dispatcher *d = c->d;
-    d->claiming = 0;
+    d->claiming--;
+    d->claim_slots -= c->limit;
+    d->backlog = !err && n >= c->limit;
     if (err) {
         rb_log(RB_LOG_WARN, "claim failed: %s", err);
         ev_timer_stop(d->loop, &d->claim_retry_timer);
@@ -856,33 +861,57 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
     free(recs);
     if (d->stopping) check_stop_done(d);
     /* A full batch means more may be due: claim again at the end of this iteration. */
-    if (n >= c->limit && !d->stopping) {
+    if (d->backlog && !d->stopping) {
         d->want_claim = 1;
         request_flush(d);
     }
     free(c);
 }
 
-static void maybe_claim(rb_dispatcher *d)
+static int claim_one(rb_dispatcher *d)
 {
-    if (!d->started || d->stopping || d->claiming || !d->nhandlers) return;
-    size_t busy = d->nactive - d->nsettling;
-    if (busy >= (size_t)d->opt.concurrency) return;
-    size_t free_slots = (size_t)d->opt.concurrency - busy;
-    if (free_slots > CLAIM_MAX) free_slots = CLAIM_MAX;
+    int parallel = d->store->vt->claim_parallelism > 1 ? d->store->vt->claim_parallelism : 1;
+    if (d->claiming >= parallel) return 0;
+    /* A second claim beside one in flight only pays during a backlog; when little is due it
+     * would only double the polling. */
+    if (d->claiming > 0 && !d->backlog) return 0;
+    size_t concurrency = (size_t)d->opt.concurrency;
+    size_t busy = d->nactive - d->nsettling + d->claim_slots;
+    if (busy >= concurrency) return 0;
+    size_t free_slots = concurrency - busy;
+    /* With claims side by side each fills a share of the slots, so one batch is answered
+     * while the one before it runs. */
+    size_t batch = (concurrency + (size_t)parallel - 1) / (size_t)parallel;
+    if (batch > CLAIM_MAX) batch = CLAIM_MAX;
+    if (free_slots > batch) free_slots = batch;
     /* Wait for a worthwhile batch unless we are idle: one claim per freed slot would cost a
      * round trip per delivery. */
-    size_t low_water = (size_t)d->opt.concurrency / 4;
+    size_t low_water = concurrency / 4;
     if (low_water > CLAIM_MAX / 2) low_water = CLAIM_MAX / 2;
-    if (busy > 0 && free_slots < low_water) return;
+    if (low_water > batch) low_water = batch;
+    if (busy > 0 && free_slots < low_water) return 0;
     claim_ctx *c = malloc(sizeof *c);
-    if (!c) return;
+    if (!c) return 0;
     c->d = d;
     c->sent_at = rb_monotonic();
     c->limit = free_slots;
-    d->claiming = 1;
+    d->claiming++;
+    d->claim_slots += free_slots;
     rb_claim_req req = {d->topics, d->nhandlers, free_slots, d->opt.lease_duration};
     d->store->vt->claim(d->store, &req, on_claimed, c);
+    return 1;
+}
+
+static void maybe_claim(rb_dispatcher *d)
+{
+    if (!d->started || d->stopping || !d->nhandlers) return;
+    while (d->started && !d->stopping) {
+        int before = d->claiming;
+        if (!claim_one(d)) break;
+        /* Answered at once (SQLite may be synchronous): the next claim waits for this
+         * iteration's settles to be flushed, or a backlog would be claimed in one go. */
+        if (d->claiming <= before) break;
+    }
 }
 
 static void on_poll(struct ev_loop *loop, ev_timer *w, int revents)

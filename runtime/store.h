@@ -113,6 +113,10 @@ typedef struct rb_store_vtable {
      * other operation waits for it to end, so a caller inside the transaction must not wait
      * for one. */
     int tx_exclusive;
+    /* How many claims of one dispatcher may be in flight at once (0 counts as 1). Above 1 when
+     * the server runs statements side by side: while one batch runs here, the next claim is
+     * already being answered, so neither side waits for the other during a backlog. */
+    int claim_parallelism;
 
     void (*enqueue)(rb_store *s, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
     /* Claims due deliveries of the given topics: pending with run_at <= now, or processing

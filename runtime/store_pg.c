@@ -1826,6 +1826,7 @@ static int build_sql(pg_store *s)
 
 static const rb_store_vtable pg_vtable = {
     .name = "postgresql",
+    .claim_parallelism = 2,
     .enqueue = pg_enqueue,
     .claim = pg_claim,
     .settle = pg_settle,
