@@ -37,8 +37,8 @@ static const char closed_msg[] = "postgresql: store closed";
  * One partial index on it keeps claims cheap however many settled rows the table holds. */
 #define DUE "(CASE WHEN status = 'pending' THEN run_at ELSE lease_expires_at END)"
 #define COLS "id::text AS id_text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
-    "max_attempts, fence, extract(epoch FROM run_at)::float8, " \
-    "extract(epoch FROM created_at)::float8, coalesce(extract(epoch FROM lease_expires_at)::float8, 0)"
+    "max_attempts, fence, date_part('epoch', run_at), " \
+    "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
 #define LIVE "status IN ('pending', 'processing')"
 
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
@@ -127,8 +127,7 @@ static const char *const stmt_templates[ST_COUNT] = {
         "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END,"
         "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END,"
         "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END,"
-        "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL"
-        "   ELSE replace(gen_random_uuid()::text, '-', '') END,"
+        "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL ELSE $4::text END,"
         "  lease_expires_at = CASE WHEN d.attempts >= d.max_attempts THEN NULL"
         "   ELSE now() + $3::float8 * interval '1 second' END,"
         "  last_error = CASE WHEN d.attempts >= d.max_attempts"
@@ -154,18 +153,18 @@ static const char *const stmt_templates[ST_COUNT] = {
         "  lease_expires_at = CASE WHEN o.kind = 4 THEN now() + o.dl * interval '1 second' END,"
         "  settled_at = CASE WHEN o.kind IN (0, 2) THEN now() END"
         " FROM o WHERE d.id = o.id AND d.status = 'processing' AND d.lease_token = o.tok"
-        " RETURNING o.ord, coalesce(extract(epoch FROM d.lease_expires_at)::float8, 0)",
+        " RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0)",
     [ST_GET] = "SELECT " COLS " FROM \"@T\" WHERE id = $1::bigint",
     [ST_LACQ] =
         "INSERT INTO \"@T_leases\" AS l (name, token, expires_at)"
         " VALUES ($1::text, $2::text, now() + $3::float8 * interval '1 second')"
         " ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at"
         " WHERE l.expires_at <= now() OR l.token = excluded.token"
-        " RETURNING extract(epoch FROM l.expires_at)::float8",
+        " RETURNING date_part('epoch', l.expires_at)",
     [ST_LEXT] =
         "UPDATE \"@T_leases\" SET expires_at = now() + $3::float8 * interval '1 second'"
         " WHERE name = $1::text AND token = $2::text AND expires_at > now()"
-        " RETURNING extract(epoch FROM expires_at)::float8",
+        " RETURNING date_part('epoch', expires_at)",
     [ST_LREL] = "DELETE FROM \"@T_leases\" WHERE name = $1::text AND token = $2::text RETURNING 0",
 };
 
@@ -1178,12 +1177,17 @@ static void pg_claim(rb_store *bs, const rb_claim_req *req, rb_records_cb cb, vo
     sbuf topics = {0};
     for (size_t i = 0; i < req->ntopics; i++) sb_text(&topics, req->topics[i]);
     char *arr = sb_array(&topics);
-    int ok = op && arr && op_alloc_params(op, 3);
+    int ok = op && arr && op_alloc_params(op, 4);
     if (ok) {
         op->params[0] = arr;
         arr = NULL;
+        /* One token for the whole batch, as on SQLite: the fence is (id, token), and a
+         * token drawn per row cost the server a strong random number per row. */
+        char token[33];
+        rb_random_token(token);
         ok = op_param_num(op, 1, (double)req->limit, 1) &&
-             op_param_num(op, 2, req->lease_duration, 0);
+             op_param_num(op, 2, req->lease_duration, 0) &&
+             op_param(op, 3, token);
     }
     free(arr);
     if (!ok) { op_free(op); cb(ud, "postgresql: out of memory", NULL, 0); return; }
