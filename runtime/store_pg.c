@@ -382,6 +382,8 @@ static void sb_text(sbuf *b, const char *s)
 static void sb_num(sbuf *b, double v, int integer)
 {
     char tmp[40];
+    /* Whole numbers (most delays are 0) skip the slow floating-point formatting. */
+    if (!integer && isfinite(v) && fabs(v) < 1e15 && v == (double)(long long)v) integer = 1;
     int n = integer ? snprintf(tmp, sizeof tmp, "%lld", (long long)v)
                     : snprintf(tmp, sizeof tmp, "%.17g", v);
     sb_sep(b);
@@ -1198,26 +1200,28 @@ static void pg_claim(rb_store *bs, const rb_claim_req *req, rb_records_cb cb, vo
     store_leave(s);
 }
 
-static int round_has_id(const pg_op *op, size_t k, const char *id)
-{
-    for (size_t j = 0; j < k; j++)
-        if (strcmp(op->sops[op->map[j]].id, id) == 0) return 1;
-    return 0;
-}
-
 /* Prepares the next round of fenced writes: as many ops as can share one UPDATE (no id twice,
- * so each sees the previous one's effect, as if applied in order). 0 when none are left. */
+ * so each sees the previous one's effect, as if applied in order). 0 when none are left.
+ * Ids already in the round live in a small open-addressing set: a batch holds hundreds of
+ * ops, and comparing each with all before it cost more than building the statement. */
 static int settle_round(pg_op *op)
 {
     sbuf a[5] = {{0}};
     size_t k = 0, i = op->round_end;
+    size_t cap = 16;
+    while (cap < 2 * (op->nsops - i)) cap *= 2;
+    unsigned long long *seen = calloc(cap, sizeof *seen);   /* id + 1; 0 is empty */
     free(op->map);
     op->map = malloc(sizeof *op->map * (op->nsops - i + 1));
-    if (!op->map) return -1;
+    if (!op->map || !seen) { free(seen); return -1; }
     for (; i < op->nsops; i++) {
         rb_settle_op *so = &op->sops[i];
         if (!valid_id(so->id) || !so->token) continue;     /* names nothing: not applied */
-        if (round_has_id(op, k, so->id)) break;
+        unsigned long long key = strtoull(so->id, NULL, 10) + 1;
+        size_t h = (size_t)(key * 0x9E3779B97F4A7C15ULL >> 20) & (cap - 1);
+        while (seen[h] && seen[h] != key) h = (h + 1) & (cap - 1);
+        if (seen[h]) break;                                 /* twice: the next round */
+        seen[h] = key;
         op->map[k++] = i;
         sb_sep(&a[0]);
         sb_add(&a[0], so->id, strlen(so->id));
@@ -1226,6 +1230,7 @@ static int settle_round(pg_op *op)
         sb_num(&a[3], so->delay, 0);
         sb_text(&a[4], so->kind == RB_OP_RESCHEDULE || so->kind == RB_OP_BURY ? so->error : NULL);
     }
+    free(seen);
     op->round_end = i;
     op->nmap = k;
     int ok = k > 0 && op_alloc_params(op, 5);
