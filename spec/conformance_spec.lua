@@ -271,6 +271,27 @@ for _, entry in ipairs(S.list()) do
         assert.is_nil(r.last_error)
       end)
 
+      it("a backlog runs exactly `concurrency` handlers at once, never more, each delivery once", function()
+        local N, C = 60, 5
+        local items = {}
+        for i = 1, N do items[i] = { "out.backlog", i } end
+        assert(store:enqueue_many(items))
+        local running, most, started, seen = 0, 0, 0, {}
+        assert.is_true(drive(store, "out.backlog", function(delivery, ctx, stop)
+          running = running + 1
+          started = started + 1
+          if running > most then most = running end
+          seen[delivery.payload] = (seen[delivery.payload] or 0) + 1
+          ctx:sleep(0.02)
+          running = running - 1
+          if started == N then stop() end
+        end, { concurrency = C }, nil, 30))
+        assert.equal(C, most)
+        assert.equal(N, started)
+        for i = 1, N do assert.equal(1, seen[i], "delivery " .. i) end
+        assert.equal(N, store:stats().completed)
+      end)
+
       it("a raise with attempts < max_attempts makes it pending again after the backoff, with last_error", function()
         local id = assert(store:enqueue("out.raise", 1, { max_attempts = 3 }))
         local backoff_arg
