@@ -32,6 +32,7 @@
 #define CLOCK_REFRESH_S 30.0
 #define STALE_TICKET_S 60.0
 #define TICKET_TTL_S 3600.0
+#define PRUNE_EVERY_S 300.0     /* a ticket outlives TICKET_TTL_S by this much at most */
 #define BATCH_ROUND 500         /* kick/purge rows per round */
 #define ERRLEN 320
 #define VC_BUCKETS 4096
@@ -74,6 +75,7 @@ struct mstore {
     int stopping;                   /* workers exit (mu) */
     double clock_offset;            /* server time - our wall time (mu) */
     double clock_checked;           /* monotonic s of the last refresh (mu) */
+    double pruned_at;               /* monotonic s of the last ticket prune (mu) */
     ev_async async;
     size_t pending;                 /* jobs whose callback is still due (loop thread) */
     int closing;                    /* loop thread */
@@ -133,11 +135,15 @@ static double store_now(mstore *s)
  * lease token, a settle takes the ticket "<doc>:<v+1>" without reading the document first.
  * That stays safe when the cache is stale: whoever changed the delivery since took that very
  * ticket (versions grow by one per write, each through its ticket), so ours fails and the
- * settle is not applied, as with a read. Entries expire well before tickets are pruned. */
+ * settle is not applied, as with a read. Entries expire well before tickets are pruned.
+ * The claim also notes the generation of the queue entry it left for the delivery (see "the
+ * ready queue"), so that a settle which ends the delivery removes that entry at once instead
+ * of leaving it for a later claim to read, look up and remove. */
 typedef struct vce {
     struct vce *next;
     char id[25], token[33];
     int64_t v, attempts;
+    int64_t qg;                 /* generation of the delivery's queue entry, or -1 */
     double at;                  /* monotonic s of the write */
 } vce;
 
@@ -179,7 +185,8 @@ static void vc_drop(mstore *s, const char *id)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void vc_put(mstore *s, const char *id, const char *token, int64_t v, int64_t attempts)
+static void vc_put(mstore *s, const char *id, const char *token, int64_t v, int64_t attempts,
+                   int64_t qg)
 {
     if (!s->ferret || !id || !token || strlen(id) != 24 || strlen(token) > 32) return;
     vce *e = calloc(1, sizeof *e);
@@ -191,6 +198,7 @@ static void vc_put(mstore *s, const char *id, const char *token, int64_t v, int6
         snprintf(e->token, sizeof e->token, "%s", token);
         e->v = v;
         e->attempts = attempts;
+        e->qg = qg;
         e->at = mono_now();
         unsigned h = vc_hash(id);
         e->next = s->vc[h];
@@ -200,11 +208,13 @@ static void vc_put(mstore *s, const char *id, const char *token, int64_t v, int6
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The document as our last write left it (the fields a settle needs), or NULL. */
-static bson_t *vc_doc(mstore *s, const char *id, const char *token)
+/* The document as our last write left it (the fields a settle needs), or NULL; *qg: the
+ * generation of its queue entry, or -1. */
+static bson_t *vc_doc(mstore *s, const char *id, const char *token, int64_t *qg)
 {
     bson_t *d = NULL;
     bson_oid_t oid;
+    *qg = -1;
     if (!s->ferret || !id || !token || strlen(id) != 24 || !bson_oid_is_valid(id, 24)) return NULL;
     pthread_mutex_lock(&s->mu);
     for (vce *e = s->vc[vc_hash(id)]; e; e = e->next)
@@ -217,6 +227,7 @@ static bson_t *vc_doc(mstore *s, const char *id, const char *token)
                 BSON_APPEND_UTF8(d, "lease_token", token);
                 BSON_APPEND_INT64(d, "v", e->v);
                 BSON_APPEND_INT64(d, "attempts", e->attempts);
+                *qg = e->qg;
             }
             break;
         }
@@ -636,6 +647,9 @@ static bson_t *find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
  * is settled (completed, buried), gone for QUEUE_ORPHAN_S, or when its successor (the same
  * delivery, generation g + 1, inserted at the tail) is in place: a claim moves the entries of
  * what it claimed, and of what it could not use when the head it read was full, to the tail.
+ * The settle that completes or buries a delivery this process claimed removes the entry that
+ * claim left (its generation is kept with the claimed version); any other leftover is removed
+ * by the claim that reads it and finds the delivery settled.
  * Successors with the same id make concurrent moves collapse into one entry. The deliveries
  * stay the truth: an entry is only a hint of where to look, so duplicates and leftovers cost
  * a read, never a double claim (the tickets still decide). */
@@ -685,6 +699,18 @@ static void qb_del(qbatch *b, const bson_t *entry)
         return;
     }
     bson_append_iter(&sel, "_id", -1, &it);
+    mongoc_bulk_operation_remove_one(b->del, &sel);
+    bson_destroy(&sel);
+    b->ndel++;
+}
+
+/* Removes the entry "<hex>:<g>". */
+static void qb_drop(qbatch *b, const char *hex, int64_t g)
+{
+    bson_t sel = BSON_INITIALIZER;
+    char id[64];
+    snprintf(id, sizeof id, "%s:%lld", hex, (long long)g);
+    BSON_APPEND_UTF8(&sel, "_id", id);
     mongoc_bulk_operation_remove_one(b->del, &sel);
     bson_destroy(&sel);
     b->ndel++;
@@ -856,14 +882,21 @@ static void prune_tickets(mstore *s, mongoc_client_t *c)
     mongoc_collection_destroy(tk);
 }
 
-/* Failures here are ignored: the old offset stays good and pruning can wait. */
+/* Failures here are ignored: the old offset stays good and pruning can wait. Pruning is
+ * rarer than the clock refresh: FerretDB cannot use the `at` index (it pushes no such filter
+ * down), so each prune reads every ticket, two per delivery of the last hour; a ticket that
+ * stays a few minutes past its TTL is harmless (its version is long past). */
 static void refresh_clock(mstore *s, mongoc_client_t *c)
 {
     bson_t reply;
     bson_error_t e;
     read_clock(s, c, &reply, &e);
     bson_destroy(&reply);
-    prune_tickets(s, c);
+    pthread_mutex_lock(&s->mu);
+    int prune = s->pruned_at == 0 || mono_now() - s->pruned_at >= PRUNE_EVERY_S;
+    if (prune) s->pruned_at = mono_now();
+    pthread_mutex_unlock(&s->mu);
+    if (prune) prune_tickets(s, c);
 }
 
 /* ---- enqueue ---------------------------------------------------------------------------- */
@@ -1336,6 +1369,7 @@ static void claim_work_queue(claim_job *q, mongoc_client_t *c)
     mongoc_collection_t *qc = coll(s, c, s->queue), *cl = coll(s, c, s->base.table);
     bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
     BSON_APPEND_INT64(&opts, "limit", (int64_t)want);   /* no filter, no sort: a SQL LIMIT */
+    BSON_APPEND_INT64(&opts, "batchSize", (int64_t)want);   /* one round trip, no getMore */
     bson_t **ents = NULL;
     size_t n = 0, nc = 0, nkept = 0;
     int r = find_docs(j, qc, &f, &opts, NULL, &ents, &n);
@@ -1434,7 +1468,8 @@ static void claim_work_queue(claim_job *q, mongoc_client_t *c)
                     qb_move(&qb, cands[i].entry, 0, now);
                     char hex[25];
                     if (doc_oid(cands[i].doc, hex))
-                        vc_put(s, hex, tokens[i], ops[i].old_v + 1, doc_int(cands[i].doc, "attempts") + 1);
+                        vc_put(s, hex, tokens[i], ops[i].old_v + 1, doc_int(cands[i].doc, "attempts") + 1,
+                               doc_int(cands[i].entry, "g") + 1);
                     rb_delivery *rec = claimed_record(cands[i].doc, tokens[i], now, q->lease);
                     if (rec) q->recs[q->nrecs++] = rec;
                 }
@@ -1590,38 +1625,55 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     mongoc_collection_t *cl = coll(j->s, c, j->s->base.table);
     cas_op *cas = calloc(m, sizeof *cas);
     rb_settle_op **mine = calloc(m, sizeof *mine);
-    int64_t *att = calloc(m, sizeof *att);
+    int64_t *att = calloc(m, sizeof *att), *qg = calloc(m, sizeof *qg);
     size_t k = 0;
-    int r = (cas && mine && att) ? 0 : -1;
+    int r = (cas && mine && att && qg) ? 0 : -1;
     for (size_t i = 0; r == 0 && i < m; i++) {
         int ok, failed = 0;
+        int64_t g = -1;
         bson_t *sel = oid_sel(round[i]->id, &ok);
-        bson_t *d = ok ? vc_doc(j->s, round[i]->id, round[i]->token) : NULL;
+        bson_t *d = ok ? vc_doc(j->s, round[i]->id, round[i]->token, &g) : NULL;
         if (ok && !d) d = find_one(j, cl, sel, NULL, &failed);
         bson_destroy(sel);
         if (failed) r = -1;
         else if (d && holds_lease(d, round[i]->token)) {
             cas_init(j->s, &cas[k], d, "d", upd_settle(d, round[i], now));
             att[k] = doc_int(d, "attempts");
+            qg[k] = g;
             mine[k++] = round[i];
         }
         if (d) bson_destroy(d);
     }
     mongoc_collection_destroy(cl);
     if (r == 0) r = cas_run(j, c, j->s->base.table, cas, k, now);
+    mongoc_collection_t *qc = NULL;
+    qbatch qb;
     for (size_t i = 0; r == 0 && i < k; i++) {
         mine[i]->applied = cas[i].won;
         if (cas[i].won && mine[i]->kind == RB_OP_EXTEND) {
             mine[i]->lease_expires_at = now + mine[i]->delay;
-            vc_put(j->s, mine[i]->id, mine[i]->token, cas[i].old_v + 1, att[i]);
-        } else {
-            vc_drop(j->s, mine[i]->id);
+            vc_put(j->s, mine[i]->id, mine[i]->token, cas[i].old_v + 1, att[i], qg[i]);
+            continue;
         }
+        vc_drop(j->s, mine[i]->id);
+        /* Settled for good: the entry our claim left goes now (FerretDB; qg is known only
+         * there). A kick writes a new entry of another generation first, so this one is never
+         * a live delivery's last; one missed here is removed by the claim that reads it. */
+        if (cas[i].won && qg[i] >= 0 &&
+            (mine[i]->kind == RB_OP_COMPLETE || mine[i]->kind == RB_OP_BURY)) {
+            if (!qc) qb_init(&qb, qc = coll(j->s, c, j->s->queue));
+            qb_drop(&qb, mine[i]->id, qg[i]);
+        }
+    }
+    if (qc) {
+        qb_run(j, &qb, 0);
+        mongoc_collection_destroy(qc);
     }
     for (size_t i = 0; r < 0 && i < k; i++) vc_drop(j->s, mine[i]->id);
     if (cas) cas_free(cas, k);
     free(mine);
     free(att);
+    free(qg);
     if (r < 0 && !j->err[0]) jfail(j, "out of memory");
     return r;
 }
@@ -1924,9 +1976,11 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         qbatch qb;
         char hex[25];
         qb_init(&qb, qc);
+        /* Generation: the time in microseconds. Claims count on from it by one, so no earlier
+         * entry of the delivery (which a settle or a claim may be removing by id) has it. */
         for (size_t i = 0; i < n; i++)
             if (docs[i] && doc_oid(docs[i], hex))
-                qb_put(&qb, hex, doc_str(docs[i], "topic"), (int64_t)(now * 1000), 0, now);
+                qb_put(&qb, hex, doc_str(docs[i], "topic"), (int64_t)(now * 1e6), 0, now);
         int r = qb_run(j, &qb, 1);
         mongoc_collection_destroy(qc);
         if (r < 0) {
