@@ -155,6 +155,7 @@ struct rb_dispatcher {
     int claiming;               /* claims in flight */
     size_t claim_slots;         /* handler slots those claims may fill */
     int backlog;                /* the last claim came back full: more is probably due */
+    struct claim_ctx *claims;   /* claims in flight, detached by rb_dispatcher_free */
     size_t nactive;             /* unsettled runs, parked ones included */
     size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
     rb_run *runs;               /* list of unsettled runs */
@@ -810,29 +811,46 @@ static handler_entry *find_handler(rb_dispatcher *d, const char *topic)
 #define CLAIM_MAX 1000          /* deliveries per claim statement */
 
 typedef struct claim_ctx {
-    rb_dispatcher *d;
+    rb_dispatcher *d;           /* NULL once the dispatcher was freed under the claim */
     double sent_at;
     size_t limit;
+    struct claim_ctx *next;     /* the dispatcher's claims in flight */
 } claim_ctx;
+
+static void claim_unlink(rb_dispatcher *d, claim_ctx *c)
+{
+    for (claim_ctx **p = &d->claims; *p; p = &(*p)->next)
+        if (*p == c) { *p = c->next; return; }
+}
 
 static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
 {
     claim_ctx *c = ud;
     rb_dispatcher *d = c->d;
+    if (!d) {
+        /* The dispatcher was freed meanwhile: the deliveries are left to their leases. */
+        for (size_t i = 0; !err && i < n; i++) rb_delivery_free(recs[i]);
+        free(recs);
+        free(c);
+        return;
+    }
+    claim_unlink(d, c);
     d->claiming--;
     d->claim_slots -= c->limit;
     d->backlog = !err && n >= c->limit;
+    double sent_at = c->sent_at;
+    free(c);
     if (err) {
         rb_log(RB_LOG_WARN, "claim failed: %s", err);
+        if (d->stopping) { check_stop_done(d); return; }   /* may end (and free) d */
         ev_timer_stop(d->loop, &d->claim_retry_timer);
         ev_timer_set(&d->claim_retry_timer, d->opt.poll_interval, 0);
         ev_timer_start(d->loop, &d->claim_retry_timer);
-        free(c);
         return;
     }
     for (size_t i = 0; i < n; i++) {
         handler_entry *h = find_handler(d, recs[i]->topic);
-        rb_run *run = h ? run_new(d, h, recs[i], c->sent_at) : NULL;
+        rb_run *run = h ? run_new(d, h, recs[i], sent_at) : NULL;
         if (!run) {
             rb_delivery_free(recs[i]);  /* left to its lease: another claim will take it */
             continue;
@@ -859,13 +877,13 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
         run_start(run);
     }
     free(recs);
-    if (d->stopping) check_stop_done(d);
+    /* Last: ending the stop calls the host, which may free d. */
+    if (d->stopping) { check_stop_done(d); return; }
     /* A full batch means more may be due: claim again at the end of this iteration. */
-    if (d->backlog && !d->stopping) {
+    if (d->backlog) {
         d->want_claim = 1;
         request_flush(d);
     }
-    free(c);
 }
 
 static int claim_one(rb_dispatcher *d)
@@ -895,6 +913,8 @@ static int claim_one(rb_dispatcher *d)
     c->d = d;
     c->sent_at = rb_monotonic();
     c->limit = free_slots;
+    c->next = d->claims;
+    d->claims = c;
     d->claiming++;
     d->claim_slots += free_slots;
     rb_claim_req req = {d->topics, d->nhandlers, free_slots, d->opt.lease_duration};
@@ -1102,6 +1122,8 @@ void rb_dispatcher_free(rb_dispatcher *d)
     ev_timer_stop(d->loop, &d->grace_timer);
     ev_timer_stop(d->loop, &d->hard_timer);
     wake_list_remove(d);
+    /* Claims still in flight answer later: they find no dispatcher and free their records. */
+    for (claim_ctx *c = d->claims; c; c = c->next) c->d = NULL;
     /* Runs still referenced by in-flight store operations are detached, not freed: their
      * callbacks still arrive. The settle queue is dropped (leases expire). */
     for (settle_req *r = d->queue_head, *next; r; r = next) {

@@ -1,28 +1,33 @@
 /* store.c -- opening a store by URL, and the small helpers every store shares. */
 #include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/random.h>
 #include "store.h"
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
-/* glibc gives the top of the heap back to the kernel whenever more than 128 KiB of it is
- * free. SQLite's statement journal takes and frees a 64 KiB chunk per writing statement, so
- * each claimed or settled row cost a brk() down and up again, and each brk() down a TLB
- * flush on every CPU: drains ran 3-7x slower on a busy machine. A higher trim threshold keeps
- * such memory for reuse (it still goes back past 32 MiB); a fixed mmap threshold keeps glibc
- * from raising it again on its own. Once per process, and not when the user tuned malloc. */
+/* Once per process, on the first SQLite open. glibc gives the top of the heap back to the
+ * kernel whenever more than 128 KiB of it is free. SQLite's statement journal takes and frees
+ * a 64 KiB chunk per writing statement, so each claimed or settled row cost a brk() down and
+ * up again, and each brk() down a TLB flush on every CPU: drains ran 3-7x slower on a busy
+ * machine. A higher trim threshold keeps such memory for reuse (it still goes back past
+ * 32 MiB); a fixed mmap threshold keeps glibc from raising it again on its own. Not when the
+ * user tuned malloc through the environment. */
 static void tune_malloc(void)
 {
 #ifdef __GLIBC__
     const char *tunables = getenv("GLIBC_TUNABLES");
     if (getenv("MALLOC_TRIM_THRESHOLD_") || getenv("MALLOC_MMAP_THRESHOLD_") ||
+        getenv("MALLOC_TOP_PAD_") ||
         (tunables && strstr(tunables, "glibc.malloc.")))
         return;
     mallopt(M_MMAP_THRESHOLD, 4 << 20);
@@ -33,8 +38,6 @@ static void tune_malloc(void)
 rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_options *opts,
                         char *err, size_t errlen)
 {
-    static pthread_once_t malloc_once = PTHREAD_ONCE_INIT;
-    pthread_once(&malloc_once, tune_malloc);
     rb_store_options o = {NULL, 1};
     if (opts) o = *opts;
     if (!o.table) o.table = "relaybus_deliveries";
@@ -53,6 +56,8 @@ rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_op
             snprintf(err, errlen, "sqlite URL needs a path: sqlite:PATH or sqlite::memory:");
             return NULL;
         }
+        static pthread_once_t malloc_once = PTHREAD_ONCE_INIT;
+        pthread_once(&malloc_once, tune_malloc);
         return rb_sqlite_open(loop, path, &o, err, errlen);
     }
     if (strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0)
@@ -74,19 +79,45 @@ int rb_valid_identifier(const char *name)
     return n <= 63;
 }
 
+/* splitmix64: spreads the fallback's inputs over all bits. */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static int fill_random(unsigned char *raw, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(raw + got, n - got, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (got == n) return 1;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);     /* a kernel without getrandom */
+    if (fd < 0) return 0;
+    ssize_t r = read(fd, raw, n);
+    close(fd);
+    return r == (ssize_t)n;
+}
+
 void rb_random_token(char out[33])
 {
     unsigned char raw[16];
-    static int fd = -2;
-    if (fd == -2) fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    ssize_t got = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
-    if (got != (ssize_t)sizeof raw) {
-        /* /dev/urandom missing: fall back to a clock-seeded generator; tokens stay unique
-         * enough for fencing because the claim also bumps the fence. */
+    if (!fill_random(raw, sizeof raw)) {
+        /* No randomness from the kernel at all: tokens must still never repeat, so a
+         * process-wide counter goes in with the clock and the pid. */
+        static _Atomic uint64_t counter;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        unsigned seed = (unsigned)(ts.tv_nsec ^ ts.tv_sec ^ getpid());
-        for (size_t i = 0; i < sizeof raw; i++) raw[i] = (unsigned char)rand_r(&seed);
+        uint64_t a = mix64(((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 16));
+        uint64_t b = mix64(a ^ ++counter);
+        memcpy(raw, &a, 8);
+        memcpy(raw + 8, &b, 8);
     }
     static const char hex[] = "0123456789abcdef";
     for (size_t i = 0; i < sizeof raw; i++) {
