@@ -12,11 +12,7 @@ for _, entry in ipairs(S.list()) do
   describe("abort on " .. entry.name .. ":", function()
     local store, url, opts
     before_each(function() store, url, opts = S.open(entry) end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
     teardown(function() S.cleanup() end)
 
     -- One delivery on `topic`, one handler; the dispatcher stops when the run has settled.

@@ -100,7 +100,7 @@ describe("bad input:", function()
     describe("payloads and handlers on " .. entry.name .. ":", function()
       local store, url, opts, tbl
       before_each(function() store, url, opts, tbl = S.open(entry) end)
-      after_each(function() if store then store:close() end store = nil end)
+      after_each(S.reset)
 
       it("refuses a payload JSON cannot hold (function, NaN, infinity, nested function) and writes nothing", function()
         local bad = { function() end, 0 / 0, math.huge, -math.huge, { ok = 1, f = print },

@@ -27,10 +27,7 @@ for _, entry in ipairs(S.list()) do
     before_each(function()
       store, url, opts, tbl = S.open(entry)
     end)
-    after_each(function()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
     teardown(function() S.cleanup() end)
 
     describe("records", function()

@@ -77,11 +77,7 @@ for _, entry in ipairs(S.list()) do
           end))
         end
       end)
-      after_each(function()
-        S.kill_all()
-        if store then store:close() end
-        store = nil
-      end)
+      after_each(S.reset)
       teardown(function() S.cleanup() end)
 
       it("1,000 transactional handlers inserting one row each, with random raises after the insert and random worker SIGKILLs: exactly one row per delivery, and all complete", function()

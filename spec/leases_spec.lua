@@ -247,11 +247,7 @@ for _, entry in ipairs(S.list()) do
     local store, url, opts
     local tbl = function() return opts.table or "-" end
     before_each(function() store, url, opts = S.open(entry) end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
     teardown(function() S.cleanup() end)
 
     it("two holders never overlap: five processes contend for one name, holding, extending, releasing and letting it expire", function()
@@ -467,10 +463,7 @@ for _, entry in ipairs(S.list()) do
   describe("every and retention on " .. entry.name .. ":", function()
     local store
     before_each(function() store = S.open(entry) end)
-    after_each(function()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
 
     it("every stops a run at its deadline: ctx:sleep past the interval returns nil, \"aborted\" and ctx.signal is aborted", function()
       local d = H.dispatcher(store)

@@ -40,11 +40,7 @@ if entry then
     local store, url, opts, tbl
 
     before_each(function() store, url, opts, tbl = S.open(entry) end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
     teardown(function() S.cleanup() end)
 
     -- relnames in the database that start with `prefix`

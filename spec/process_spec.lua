@@ -39,11 +39,7 @@ for _, entry in ipairs(S.list()) do
     before_each(function()
       store, url, opts = S.open(entry)
     end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
     teardown(function() S.cleanup() end)
 
     it("a worker killed with SIGKILL mid-run has its deliveries taken over after the lease; nothing is lost", function()

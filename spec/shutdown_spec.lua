@@ -15,11 +15,7 @@ for _, entry in ipairs(S.list()) do
     before_each(function()
       store, url, opts, tbl = S.open(entry)
     end)
-    after_each(function()
-      S.kill_all()
-      if store then store:close() end
-      store = nil
-    end)
+    after_each(S.reset)
     teardown(function() S.cleanup() end)
 
     it("stop stops claiming: deliveries not yet started stay pending with no attempt", function()

@@ -153,7 +153,9 @@ end
 
 M.default_table = "relaybus_deliveries"
 
--- Opens a fresh store of `entry`; returns store, url, opts, table name.
+local opened = {}
+
+-- Opens a fresh store of `entry`; returns store, url, opts, table name. M.reset closes it.
 function M.open(entry, extra)
   local relaybus = M.relaybus()
   local url, opts = entry.url()
@@ -161,6 +163,7 @@ function M.open(entry, extra)
   for k, v in pairs(extra or {}) do opts[k] = v end
   local store, err = relaybus.open(url, opts)
   assert(store, "open " .. tostring(url) .. ": " .. tostring(err))
+  opened[#opened + 1] = store
   return store, url, opts, opts.table or M.default_table
 end
 
@@ -237,6 +240,14 @@ function M.kill_all()
     if not M.rc(p) then M.wait_exit(p, 5) end
   end
   procs = {}
+end
+
+-- The after_each of every spec: kills the children it started, then closes every store
+-- M.open gave it (close is idempotent, so a test may have closed one itself).
+function M.reset()
+  M.kill_all()
+  for _, store in ipairs(opened) do store:close() end
+  opened = {}
 end
 
 -- Polls `cond` every 10 ms until it returns a true value (returned) or `timeout` s pass (nil).
