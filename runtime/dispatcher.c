@@ -151,9 +151,7 @@ struct rb_dispatcher {
     handler_entry *handlers;
     size_t nhandlers;
     const char **topics;
-    int started, stopping, stopped, claim_again;
-    int claiming;               /* claims in flight */
-    size_t claim_slots;         /* handler slots those claims may fill */
+    int started, stopping, stopped;
     int backlog;                /* the last claim came back full: more is probably due */
     struct claim_ctx *claims;   /* claims in flight, detached by rb_dispatcher_free */
     size_t nactive;             /* unsettled runs, parked ones included */
@@ -817,6 +815,16 @@ typedef struct claim_ctx {
     struct claim_ctx *next;     /* the dispatcher's claims in flight */
 } claim_ctx;
 
+/* Claims in flight, and (*slots) the handler slots they may fill: at most a few. */
+static int claims_in_flight(const rb_dispatcher *d, size_t *slots)
+{
+    int n = 0;
+    size_t sum = 0;
+    for (const claim_ctx *c = d->claims; c; c = c->next, n++) sum += c->limit;
+    if (slots) *slots = sum;
+    return n;
+}
+
 static void claim_unlink(rb_dispatcher *d, claim_ctx *c)
 {
     for (claim_ctx **p = &d->claims; *p; p = &(*p)->next)
@@ -835,8 +843,6 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
         return;
     }
     claim_unlink(d, c);
-    d->claiming--;
-    d->claim_slots -= c->limit;
     d->backlog = !err && n >= c->limit;
     double sent_at = c->sent_at;
     free(c);
@@ -889,12 +895,14 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
 static int claim_one(rb_dispatcher *d)
 {
     int parallel = d->store->vt->claim_parallelism > 1 ? d->store->vt->claim_parallelism : 1;
-    if (d->claiming >= parallel) return 0;
+    size_t reserved;
+    int claiming = claims_in_flight(d, &reserved);
+    if (claiming >= parallel) return 0;
     /* A second claim beside one in flight only pays during a backlog; when little is due it
      * would only double the polling. */
-    if (d->claiming > 0 && !d->backlog) return 0;
+    if (claiming > 0 && !d->backlog) return 0;
     size_t concurrency = (size_t)d->opt.concurrency;
-    size_t busy = d->nactive - d->nsettling + d->claim_slots;
+    size_t busy = d->nactive - d->nsettling + reserved;
     if (busy >= concurrency) return 0;
     size_t free_slots = concurrency - busy;
     /* With claims side by side each fills a share of the slots, so one batch is answered
@@ -915,8 +923,6 @@ static int claim_one(rb_dispatcher *d)
     c->limit = free_slots;
     c->next = d->claims;
     d->claims = c;
-    d->claiming++;
-    d->claim_slots += free_slots;
     rb_claim_req req = {d->topics, d->nhandlers, free_slots, d->opt.lease_duration};
     d->store->vt->claim(d->store, &req, on_claimed, c);
     return 1;
@@ -926,11 +932,11 @@ static void maybe_claim(rb_dispatcher *d)
 {
     if (!d->started || d->stopping || !d->nhandlers) return;
     while (d->started && !d->stopping) {
-        int before = d->claiming;
+        int before = claims_in_flight(d, NULL);
         if (!claim_one(d)) break;
         /* Answered at once (SQLite may be synchronous): the next claim waits for this
          * iteration's settles to be flushed, or a backlog would be claimed in one go. */
-        if (d->claiming <= before) break;
+        if (claims_in_flight(d, NULL) <= before) break;
     }
 }
 
@@ -1049,7 +1055,7 @@ static void finish_stop(rb_dispatcher *d)
 
 static void check_stop_done(rb_dispatcher *d)
 {
-    if (d->stopping && !d->stopped && d->nactive == 0 && !d->claiming) finish_stop(d);
+    if (d->stopping && !d->stopped && d->nactive == 0 && !d->claims) finish_stop(d);
 }
 
 static void on_grace_over(struct ev_loop *loop, ev_timer *w, int revents)
