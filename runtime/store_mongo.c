@@ -656,17 +656,42 @@ static bson_t *find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
 #define QUEUE_ORPHAN_S 60.0
 #define QUEUE_READ_MAX 600
 
+/* Entry ids are "<24 hex>:<generation>". Deletions are collected as ids and sent after the
+ * inserts, minus any id the same batch inserts: a successor may carry the id of an entry this
+ * batch also drops (a duplicate of the delivery read earlier, left by a process killed
+ * between the insert and the delete of a move), and sending both would leave the delivery
+ * with no entry at all, so no claim would ever find it again. */
+typedef char qid[64];
+
 typedef struct qbatch {
-    mongoc_bulk_operation_t *ins, *del;
-    size_t nins, ndel;
+    mongoc_bulk_operation_t *ins;
+    mongoc_collection_t *qc;
+    size_t nins, ndel, cap_ins, cap_del;
+    qid *ins_ids, *del_ids;
+    int oom;
 } qbatch;
 
 static void qb_init(qbatch *b, mongoc_collection_t *qc)
 {
+    memset(b, 0, sizeof *b);
+    b->qc = qc;
     b->ins = unordered_bulk(qc);
-    b->del = unordered_bulk(qc);
-    b->nins = b->ndel = 0;
 }
+
+static int qid_push(qid **v, size_t *n, size_t *cap, const char *id)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 32;
+        qid *g = realloc(*v, nc * sizeof **v);
+        if (!g) return 0;
+        *v = g;
+        *cap = nc;
+    }
+    snprintf((*v)[(*n)++], sizeof(qid), "%s", id);
+    return 1;
+}
+
+static int qid_cmp(const void *a, const void *b) { return strcmp(a, b); }
 
 static void qentry_add(mongoc_bulk_operation_t *bk, const char *hex, const char *topic, int64_t g,
                        double at, double now)
@@ -686,34 +711,24 @@ static void qentry_add(mongoc_bulk_operation_t *bk, const char *hex, const char 
 
 static void qb_put(qbatch *b, const char *hex, const char *topic, int64_t g, double at, double now)
 {
+    char id[64];
+    snprintf(id, sizeof id, "%s:%lld", hex ? hex : "", (long long)g);
+    if (!qid_push(&b->ins_ids, &b->nins, &b->cap_ins, id)) { b->oom = 1; return; }
     qentry_add(b->ins, hex, topic, g, at, now);
-    b->nins++;
-}
-
-static void qb_del(qbatch *b, const bson_t *entry)
-{
-    bson_t sel = BSON_INITIALIZER;
-    bson_iter_t it;
-    if (!bson_iter_init_find(&it, entry, "_id")) {
-        bson_destroy(&sel);
-        return;
-    }
-    bson_append_iter(&sel, "_id", -1, &it);
-    mongoc_bulk_operation_remove_one(b->del, &sel);
-    bson_destroy(&sel);
-    b->ndel++;
 }
 
 /* Removes the entry "<hex>:<g>". */
 static void qb_drop(qbatch *b, const char *hex, int64_t g)
 {
-    bson_t sel = BSON_INITIALIZER;
     char id[64];
     snprintf(id, sizeof id, "%s:%lld", hex, (long long)g);
-    BSON_APPEND_UTF8(&sel, "_id", id);
-    mongoc_bulk_operation_remove_one(b->del, &sel);
-    bson_destroy(&sel);
-    b->ndel++;
+    if (!qid_push(&b->del_ids, &b->ndel, &b->cap_del, id)) b->oom = 1;
+}
+
+static void qb_del(qbatch *b, const bson_t *entry)
+{
+    const char *id = doc_str(entry, "_id");
+    if (id && !qid_push(&b->del_ids, &b->ndel, &b->cap_del, id)) b->oom = 1;
 }
 
 /* Moves an entry to the tail: its successor first, then (qb_run) the entry itself. */
@@ -727,8 +742,9 @@ static void qb_move(qbatch *b, const bson_t *entry, double at, double now)
  * 0, or -1 with j->err set when `report`. */
 static int qb_run(mjob *j, qbatch *b, int report)
 {
-    int ok = 1;
-    if (b->nins) {
+    int ok = !b->oom;
+    if (!ok && report) jfail(j, "out of memory");
+    if (ok && b->nins) {
         int *codes = calloc(b->nins, sizeof *codes);
         char keep[ERRLEN];
         memcpy(keep, j->err, sizeof keep);
@@ -751,13 +767,30 @@ static int qb_run(mjob *j, qbatch *b, int report)
         mongoc_bulk_operation_destroy(b->ins);
     }
     if (ok && b->ndel) {
-        bson_t reply;
-        bson_error_t e;
-        mongoc_bulk_operation_execute(b->del, &reply, &e);   /* a leftover costs a read later */
-        bson_destroy(&reply);
+        qsort(b->ins_ids, b->nins, sizeof *b->ins_ids, qid_cmp);
+        mongoc_bulk_operation_t *del = unordered_bulk(b->qc);
+        size_t n = 0;
+        for (size_t i = 0; i < b->ndel; i++) {
+            if (b->nins && bsearch(b->del_ids[i], b->ins_ids, b->nins, sizeof *b->ins_ids, qid_cmp))
+                continue;       /* the batch's own successor: it stays */
+            bson_t sel = BSON_INITIALIZER;
+            BSON_APPEND_UTF8(&sel, "_id", b->del_ids[i]);
+            mongoc_bulk_operation_remove_one(del, &sel);
+            bson_destroy(&sel);
+            n++;
+        }
+        if (n) {
+            bson_t reply;
+            bson_error_t e;
+            mongoc_bulk_operation_execute(del, &reply, &e);   /* a leftover costs a read later */
+            bson_destroy(&reply);
+        }
+        mongoc_bulk_operation_destroy(del);
     }
-    mongoc_bulk_operation_destroy(b->del);
-    b->ins = b->del = NULL;
+    free(b->ins_ids);
+    free(b->del_ids);
+    b->ins = NULL;
+    b->ins_ids = b->del_ids = NULL;
     return ok ? 0 : -1;
 }
 
