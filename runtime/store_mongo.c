@@ -767,7 +767,7 @@ static int qb_run(mjob *j, qbatch *b, int report)
         mongoc_bulk_operation_destroy(b->ins);
     }
     if (ok && b->ndel) {
-        qsort(b->ins_ids, b->nins, sizeof *b->ins_ids, qid_cmp);
+        if (b->nins) qsort(b->ins_ids, b->nins, sizeof *b->ins_ids, qid_cmp);
         mongoc_bulk_operation_t *del = unordered_bulk(b->qc);
         size_t n = 0;
         for (size_t i = 0; i < b->ndel; i++) {
