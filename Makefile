@@ -3,13 +3,25 @@
 #   make test       the specs (scripts/test.sh)
 #   make bench      benchmarks that print figures (bench/run.sh)
 #   make asan       the same artefacts with AddressSanitizer/UBSan in build-asan/
+#   make tsan       the library and build-tsan/threads_host with ThreadSanitizer
+#   make fuzz       libFuzzer targets (fuzz/*_fuzz.c) in build-fuzz/fuzz/ (scripts/fuzz.sh runs them)
+#   make ctest      the C tests (spec/c/*_test.c, cmocka) in $(BUILD)/ctest/; with
+#                   BUILD=build-asan they get the sanitizer flags of `make asan`
 PREFIX  ?= /usr/local
 BUILD   ?= build
 CC      ?= cc
-PKGS     = lua5.4 sqlite3 libpq libmongoc-1.0 libcurl libcrypto
+PKGS     = lua5.4 sqlite3 libpq libmongoc-1.0 libcurl libcrypto jansson libmicrohttpd
+ASAN_SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer
+ASAN_OPT      = -O1 -g
+# build-asan always holds the sanitized build, whichever target makes it.
+ifeq ($(BUILD),build-asan)
+SANITIZE ?= $(ASAN_SANITIZE)
+OPT      ?= $(ASAN_OPT)
+DEBUG_DEFS = -DRB_DEBUG           # internal checks (the run state machine) that abort
+endif
 OPT     ?= -O2 -g
 CFLAGS  ?=
-ALL_CFLAGS = $(OPT) $(CFLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
+ALL_CFLAGS = $(OPT) $(CFLAGS) $(DEBUG_DEFS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
            -I/usr/include/postgresql $(shell pkg-config --cflags $(PKGS))
 LDLIBS   = $(shell pkg-config --libs $(PKGS)) -lev -lm -lpthread
 SANITIZE ?=
@@ -19,11 +31,15 @@ ALL_CFLAGS += $(SANITIZE)
 .DELETE_ON_ERROR:
 LDFLAGS += $(SANITIZE)
 
-RUNTIME_SRC  = $(wildcard runtime/*.c)
+RUNTIME_SRC  = $(wildcard runtime/*.c runtime/mongo/*.c)
 BINDING_SRC  = $(wildcard bindings/*.c)
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
+# ar keeps one member per file name: two sources of one name would lose one of them.
+ifneq ($(words $(notdir $(RUNTIME_SRC) $(BINDING_SRC))),$(words $(sort $(notdir $(RUNTIME_SRC) $(BINDING_SRC)))))
+$(error two sources in runtime/ and bindings/ share a file name; the archive would keep one)
+endif
 BINDING_OBJ  = $(BINDING_SRC:%.c=$(BUILD)/%.o)
-HEADERS      = $(wildcard runtime/*.h bindings/*.h)
+HEADERS      = $(wildcard runtime/*.h runtime/mongo/*.h bindings/*.h)
 
 all: $(BUILD)/relaybus $(BUILD)/relaybus.so $(BUILD)/librelaybus.a $(BUILD)/librelaybus.so \
      $(BUILD)/relaybus.pc
@@ -46,6 +62,18 @@ $(BUILD)/webhook_lua.h: bindings/lua/webhook.lua scripts/embed.lua
 	@mkdir -p $(BUILD)
 	lua5.4 scripts/embed.lua webhook_lua $< > $@
 
+# The dashboard's page, compiled in: nothing is fetched from anywhere else.
+DASHBOARD_ASSETS = runtime/dashboard/index.html runtime/dashboard/app.js runtime/dashboard/app.css
+$(BUILD)/dashboard_assets.h: $(DASHBOARD_ASSETS) scripts/embed.lua
+	@mkdir -p $(BUILD)
+	{ lua5.4 scripts/embed.lua dashboard_html runtime/dashboard/index.html && \
+	  lua5.4 scripts/embed.lua dashboard_js runtime/dashboard/app.js && \
+	  lua5.4 scripts/embed.lua dashboard_css runtime/dashboard/app.css; } > $@
+
+$(BUILD)/runtime/dashboard.o: runtime/dashboard.c $(BUILD)/dashboard_assets.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
 $(BUILD)/bindings/module.o: bindings/module.c $(BUILD)/prelude_lua.h $(BUILD)/webhook_lua.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
@@ -67,8 +95,18 @@ $(BUILD)/relaybus.so: $(RUNTIME_OBJ) $(BINDING_OBJ)
 $(BUILD)/relaybus: $(BUILD)/cmd/main.o $(RUNTIME_OBJ) $(BINDING_OBJ)
 	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LDLIBS)
 
-$(BUILD)/relaybus.pc: relaybus.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@PKGS@|$(PKGS)|g' $< > $@
+# pkg-config files: the prefix is the one given to the make that writes them, so install
+# writes them again for its own PREFIX. The libraries relaybus needs are listed as linker
+# flags, not as Requires.private: pkg-config --static would ask for libpq's own private
+# archives (-lpgport, -lgssapi_krb5), which Debian does not ship.
+VERSION      = $(shell sed -n 's/^\#define RB_VERSION "\(.*\)"/\1/p' runtime/relaybus.h)
+PRIVATE_LIBS = $(filter-out -llua5.4,$(LDLIBS))
+define write_pc
+	sed -e 's|@PREFIX@|$(1)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@PRIVATE_LIBS@|$(PRIVATE_LIBS)|g' $(2) > $(3)
+endef
+
+$(BUILD)/relaybus.pc: relaybus.pc.in runtime/relaybus.h Makefile
+	$(call write_pc,$(PREFIX),$<,$@)
 
 $(BUILD)/embed_host: examples/embed_host.c $(BUILD)/librelaybus.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
@@ -78,7 +116,71 @@ $(BUILD)/http_receiver: spec/support/http_receiver.c
 	@mkdir -p $(BUILD)
 	$(CC) $(OPT) -std=c11 -Wall -Wextra -o $@ $< -lev
 
-examples: $(BUILD)/embed_host $(BUILD)/http_receiver
+# Spec helpers on libmongoc: one lists a database's collections (specs that check nothing was
+# created), one plants documents behind the MongoDB store's back (spec/mongo_tickets_spec.lua),
+# one enqueues as an application's own driver would (spec/mongo_native_spec.lua).
+$(BUILD)/mongo_collections: spec/support/mongo_collections.c
+	@mkdir -p $(BUILD)
+	$(CC) $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(shell pkg-config --cflags libmongoc-1.0) -o $@ $< \
+	  $(shell pkg-config --libs libmongoc-1.0)
+
+$(BUILD)/mongo_insert: spec/support/mongo_insert.c
+	@mkdir -p $(BUILD)
+	$(CC) $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(shell pkg-config --cflags libmongoc-1.0) -o $@ $< \
+	  $(shell pkg-config --libs libmongoc-1.0)
+
+$(BUILD)/mongo_enqueue: spec/support/mongo_enqueue.c
+	@mkdir -p $(BUILD)
+	$(CC) $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(shell pkg-config --cflags libmongoc-1.0) -o $@ $< \
+	  $(shell pkg-config --libs libmongoc-1.0)
+
+# Checks the contract checks of the fault-injecting store against a store that breaks them.
+$(BUILD)/faults_contract: spec/support/faults_contract.c $(BUILD)/librelaybus.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
+
+# Hosts that drive the pollable runtime from loops of their own (docs/c.md, "Stepping"):
+# a poll() frame loop, libuv, and four threads with a runtime each. They run
+# examples/workload.lua; examples/luv_host.lua and examples/cqueues_host.lua need no build.
+HOST_DEPS = examples/workload_host.h $(BUILD)/librelaybus.a
+$(BUILD)/frame_host: examples/frame_host.c $(HOST_DEPS)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/uv_host: examples/uv_host.c $(HOST_DEPS)
+	$(CC) $(ALL_CFLAGS) $(shell pkg-config --cflags libuv) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) \
+	  $(LDLIBS) $(shell pkg-config --libs libuv)
+
+$(BUILD)/threads_host: examples/threads_host.c $(HOST_DEPS)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
+
+HOSTS = $(BUILD)/frame_host $(BUILD)/uv_host $(BUILD)/threads_host
+
+examples: $(BUILD)/embed_host $(BUILD)/http_receiver $(BUILD)/mongo_collections $(BUILD)/mongo_insert \
+          $(BUILD)/mongo_enqueue $(BUILD)/faults_contract $(HOSTS)
+
+# The headers a host includes (relaybus.h includes them as relaybus/NAME.h); nothing internal.
+PUBLIC_HEADERS = runtime/delivery.h runtime/store.h runtime/clock.h runtime/dispatcher.h \
+                 runtime/leases.h runtime/http.h \
+                 runtime/metrics.h runtime/buf.h runtime/dashboard.h
+
+# C tests: each spec/c/NAME_test.c is one cmocka program, linked with the shared harness and
+# the static library. scripts/test.sh runs them with TAP output.
+CTEST_SRC  = $(wildcard spec/c/*_test.c)
+CTEST_BINS = $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%)
+CTEST_LIBS = $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
+
+ctest: $(CTEST_BINS)
+
+# alloc_pg_test is alloc_test.c built for PostgreSQL.
+$(BUILD)/ctest/alloc_pg_test: spec/c/alloc_test.c
+
+$(BUILD)/ctest/harness.o: spec/c/harness.c spec/c/harness.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/ctest/%: spec/c/%.c spec/c/harness.h $(BUILD)/ctest/harness.o $(BUILD)/librelaybus.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/ctest/harness.o $(BUILD)/librelaybus.a $(LDFLAGS) \
+	  $(LDLIBS) $(CTEST_LIBS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
@@ -86,20 +188,52 @@ install: all
 	install -m755 $(BUILD)/relaybus $(DESTDIR)$(PREFIX)/bin/
 	install -m644 $(BUILD)/librelaybus.a $(BUILD)/librelaybus.so $(DESTDIR)$(PREFIX)/lib/
 	install -m644 $(BUILD)/relaybus.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/
-	install -m644 $(BUILD)/relaybus.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
-	install -m644 runtime/relaybus.h $(DESTDIR)$(PREFIX)/include/
-	install -m644 runtime/*.h bindings/*.h $(DESTDIR)$(PREFIX)/include/relaybus/
+	$(call write_pc,$(PREFIX),relaybus.pc.in,$(DESTDIR)$(PREFIX)/lib/pkgconfig/relaybus.pc)
+	$(call write_pc,$(PREFIX),relaybus-static.pc.in,$(DESTDIR)$(PREFIX)/lib/pkgconfig/relaybus-static.pc)
+	sed 's|^#include "\(.*\)"|#include "relaybus/\1"|' runtime/relaybus.h \
+	  > $(DESTDIR)$(PREFIX)/include/relaybus.h
+	install -m644 $(PUBLIC_HEADERS) $(DESTDIR)$(PREFIX)/include/relaybus/
 
-test: all examples
+test: all examples ctest
 	scripts/test.sh
 
-bench: all
+bench: all examples $(BUILD)/bench_jansson.so
 	bench/run.sh
 
+# Jansson's own encoder as a Lua module, for bench/json.lua's comparison only.
+$(BUILD)/bench_jansson.so: bench/jansson_lua.c
+	@mkdir -p $(BUILD)
+	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -ljansson
+
 asan:
-	$(MAKE) BUILD=build-asan SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT="-O1 -g" all examples
+	$(MAKE) BUILD=build-asan SANITIZE="$(ASAN_SANITIZE)" OPT="$(ASAN_OPT)" all examples ctest
+
+# ThreadSanitizer: the library and threads_host (several runtimes on threads of one process)
+# in build-tsan/; scripts/test.sh runs it. It runs clean without suppressions.
+TSAN_SANITIZE = -fsanitize=thread -fno-omit-frame-pointer
+tsan:
+	$(MAKE) BUILD=build-tsan SANITIZE="$(TSAN_SANITIZE)" OPT="-O1 -g" DEBUG_DEFS=-DRB_DEBUG \
+	  build-tsan/librelaybus.a build-tsan/threads_host
+
+# Fuzz targets: each fuzz/NAME_fuzz.c links against the library built by clang with the
+# fuzzer's coverage and ASan/UBSan; its seed corpus is fuzz/corpus/NAME/.
+FUZZ_SAN   = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_SRC   = $(wildcard fuzz/*_fuzz.c)
+FUZZ_BINS  = $(FUZZ_SRC:fuzz/%_fuzz.c=build-fuzz/fuzz/%)
+
+# The targets may include cli_lua.h (the command's CLI, for its parser).
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT="-O1 -g" DEBUG_DEFS=-DRB_DEBUG SANITIZE="-fsanitize=fuzzer-no-link $(FUZZ_SAN)" \
+	  build-fuzz/librelaybus.a build-fuzz/cli_lua.h
+	$(MAKE) $(FUZZ_BINS)
+
+build-fuzz/fuzz/%: fuzz/%_fuzz.c build-fuzz/librelaybus.a build-fuzz/cli_lua.h
+	@mkdir -p $(dir $@)
+	clang -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -fsanitize=fuzzer $(FUZZ_SAN) -Iruntime \
+	  -Ibindings -Ibuild-fuzz $(shell pkg-config --cflags $(PKGS)) -o $@ $< build-fuzz/librelaybus.a \
+	  $(LDLIBS)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz build-tsan
 
-.PHONY: all examples install test bench asan clean
+.PHONY: all examples ctest install test bench asan tsan fuzz clean

@@ -13,6 +13,19 @@ function M.rss_kib()
   f:close()
 end
 
+-- Private anonymous memory of this process, in KiB (RssAnon): VmRSS less the pages of mapped
+-- files, which for relaybus are mostly its client libraries' (libmongoc, libcurl, libpq and
+-- their TLS, Kerberos and LDAP libraries: about 12 MiB, shared between processes).
+function M.anon_kib()
+  local f = io.open("/proc/self/status")
+  if not f then return nil end
+  for line in f:lines() do
+    local kb = line:match("^RssAnon:%s+(%d+)%s+kB")
+    if kb then f:close(); return tonumber(kb) end
+  end
+  f:close()
+end
+
 function M.mib(kib) return kib and kib / 1024 or 0 / 0 end
 
 -- Opens a store or stops with its message.
@@ -39,10 +52,45 @@ function M.fill(store, topic, n, chunk)
   return relaybus.now() - t0
 end
 
+-- Starts n worker processes: cmd(i) is the shell command of worker i (without redirection);
+-- its output goes to DIR/wI.log. Waits until each has created DIR/ready.I (at most 60 s);
+-- returns their pids.
+function M.start_workers(dir, n, cmd)
+  local pids = {}
+  for i = 1, n do
+    local h = assert(io.popen(string.format("%s >'%s/w%d.log' 2>&1 & echo $!", cmd(i), dir, i)))
+    pids[i] = h:read("l")
+    h:close()
+  end
+  local t = relaybus.now()
+  local function ready()
+    for i = 1, n do
+      local f = io.open(dir .. "/ready." .. i)
+      if not f then return false end
+      f:close()
+    end
+    return true
+  end
+  while not ready() do
+    if relaybus.now() - t > 60 then error("workers did not start: see " .. dir) end
+    relaybus.sleep(0.02)
+  end
+  return pids
+end
+
 -- A table name unique to this run, for the server stores (the throwaway servers are shared by
 -- several scripts of one run).
 function M.table_name(prefix)
   return string.format("%s_%d_%d", prefix, os.time(), math.random(0, 99999))
+end
+
+-- Drops a PostgreSQL store's table and what its migrations made beside it (docs/stores.md).
+function M.drop_pg_table(store, T)
+  return store:transaction(function(tx)
+    tx:exec('DROP TABLE IF EXISTS "' .. T .. '", "' .. T .. '_leases"')
+    tx:exec('DROP FUNCTION IF EXISTS "' .. T .. '_enq", "' .. T .. '_notify"')
+    tx:exec("DELETE FROM relaybus_schema WHERE table_name = $1", T)
+  end)
 end
 
 -- Percentile (0..100) of a sorted array, nearest rank.

@@ -20,6 +20,7 @@ collectgarbage()
 local rss0 = B.rss_kib()
 
 local d = relaybus.dispatcher(store, { concurrency = C, poll_interval = 1, lease_duration = 60 })
+local lua_kib, anon_all
 local running, finished, peak, peak_rss, t_all, rss_all = 0, 0, 0, 0, nil, nil
 local t0
 d:handle("sleepy", function(_, ctx)
@@ -27,6 +28,8 @@ d:handle("sleepy", function(_, ctx)
   if running == N then
     t_all = relaybus.now() - t0
     rss_all = B.rss_kib()
+    lua_kib = collectgarbage("count")
+    anon_all = B.anon_kib()
   end
   ctx:sleep(SLEEP)
   running = running - 1
@@ -53,6 +56,8 @@ local dt = relaybus.now() - t0
 if rss_all then
   print(string.format("%s memory: %s handlers sleeping at once: VmRSS %.1f MiB (%.1f MiB before the dispatcher; all %s running %.2f s after start)",
     label, B.int(N), B.mib(rss_all), B.mib(rss0), B.int(N), t_all))
+  print(string.format("%s memory: then RssAnon %.1f MiB (VmRSS less mapped files), the Lua heap %.1f MiB",
+    label, B.mib(anon_all), lua_kib / 1024))
 else
   print(string.format("%s memory: NOTE at most %s of %s handlers ever ran at once (concurrency %s): VmRSS %.1f MiB at that peak (%.1f MiB before the dispatcher)",
     label, B.int(peak), B.int(N), B.int(C), B.mib(peak_rss), B.mib(rss0)))

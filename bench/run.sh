@@ -2,16 +2,26 @@
 # bench/run.sh -- the benchmarks behind `make bench`. They print figures; they assert no timing.
 #   1. SQLite file store (always): drain of 50,000 no-op deliveries (concurrency 64 and 256),
 #      enqueue rate (single calls, enqueue_many), VmRSS with 10,000 handlers sleeping at once.
+#   1b. relaybus.json encode/decode against lua-cjson and Jansson's own encoder (bench/json.lua).
+#   1c. the SQLite drain on libev, stepped by build/frame_host and by build/uv_host; the idle CPU
+#       of a stepped runtime (needs `make examples`, lua-cqueues).
 #   2. PostgreSQL (RELAYBUS_BENCH_PG=URL, else a throwaway cluster from scripts/pg-test-server.sh):
 #      the same drain; graphile-worker 0.18 draining the same on the same server
-#      (../shared/peers/graphile_worker_drain.js) and the ratio; the SQL ceiling with pgbench
+#      (../shared/peers/graphile_worker_drain.js) and River 0.51 (../shared/peers/river_drain,
+#      built with Go) and the ratios, also at the default concurrency; 1, 2, 4 and 8 worker
+#      processes on one database (bench/processes.lua); a high-priority topic's start delay
+#      beside a backlog (bench/priority.lua); the SQL ceiling with pgbench
 #      (bench/sql_ceiling.sql) and relaybus's share of it; enqueue-to-start delay when idle;
-#      claim latency during a purge of 1,000,000 settled rows (retention, issue 5).
+#      claim latency during a purge of 1,000,000 settled rows (retention, issue 5); claims on a
+#      table of 10,000,000 settled and 1,000,000 future rows beside an empty one
+#      (bench/huge_table.lua); 10 minutes of 3,000/s sustained load with 2 worker processes,
+#      per minute (bench/sustained.lua, chart in bench/out/ with gnuplot).
 #   3. MongoDB (RELAYBUS_BENCH_MONGO=URL, else FerretDB from scripts/mongo-test-server.sh): drain.
 #   4. HTTP: 10,000 webhook deliveries to build/http_receiver at concurrency 256, and VmRSS.
 # Servers this script starts it also stops. Everything runs in sequence (the machine is small).
 # Environment: RELAYBUS_BENCH_PG, RELAYBUS_BENCH_MONGO (use these servers), RELAYBUS_BENCH_SKIP
-# (space-separated parts to skip: sqlite pg graphile ceiling latency purge mongo http),
+# (space-separated parts to skip: sqlite json hosts pg graphile river processes idle priority
+# ceiling latency purge huge sustained mongo http), RELAYBUS_BENCH_SUSTAINED (seconds, 600),
 # RELAYBUS_BENCH_GW_DIR (graphile-worker's npm cache, default ~/.cache/relaybus/gw).
 set -uo pipefail
 
@@ -84,6 +94,59 @@ if ! skipped sqlite; then
     fi
     note "sqlite memory goal: <= 64 MiB with 10,000 handlers sleeping"
     bench 120 bench/latency.lua "sqlite:$WORK/latency.db" 1000 local sqlite
+    bench 300 bench/priority.lua "sqlite:$WORK/priority.db" 50000 sqlite
+fi
+
+# ---- 1b. JSON codec ---------------------------------------------------------------------------
+if ! skipped json; then
+    section "JSON codec"
+    # events+metrics off and on, in alternating processes; /metrics over 1,000,000 rows
+    for i in 1 2 3; do
+      bench 300 bench/observe.lua "sqlite:$WORK/observe-off$i.db" 20000 64 1 0 off
+      bench 300 bench/observe.lua "sqlite:$WORK/observe-on$i.db" 20000 64 1 0 on
+    done
+    bench 600 bench/observe.lua "sqlite:$WORK/observe-rows.db" 20000 64 1 1000000 on
+    bench 120 bench/json.lua "$(dirname "$RB")/bench_jansson.so" || FAILED=1
+fi
+
+# ---- 1c. hosts that step the runtime -----------------------------------------------------------
+# The same SQLite drain (20,000 no-op deliveries, concurrency 256, examples/workload.lua) on the
+# command's libev loop, stepped by build/frame_host (60 Hz, 2 ms budget per frame, 1 ms of game
+# work) and by build/uv_host (libuv, no budget); then the CPU of a stepped runtime with nothing
+# to do (spec/support/idle_host.lua under lua5.4 + cqueues, 5 s).
+host_drain() {   # LABEL COMMAND...: runs it, notes "LABEL: RATE/s" from its result line
+    local label=$1 out rc rate
+    shift
+    out=$(cd "$ROOT" && timeout -k 10 300 "$@" 2>&1)
+    rc=$?
+    echo "$out"
+    rate=$(sed -n 's/^result ok=1 .* rate=\([0-9.]*\).*/\1/p' <<<"$out" | head -n 1)
+    if [ "$rc" -ne 0 ] || [ -z "$rate" ]; then
+        note "NOTE: $label failed with status $rc"
+        FAILED=1
+        return
+    fi
+    note "$label: $(printf '%.0f' "$rate")/s"
+}
+ROOT=$(pwd)
+if ! skipped hosts; then
+    section "Hosts that step the runtime (SQLite drain, idle CPU)"
+    HOST_ARGS=(n=20000 concurrency=256 sleep=0 work=0 checks=0)
+    BD=$(dirname "$RB")
+    host_drain "sqlite drain on libev (relaybus run)" "$RB" run examples/libev_host.lua \
+        "url=sqlite:$WORK/host_libev.db" "${HOST_ARGS[@]}"
+    host_drain "sqlite drain stepped by frame_host (60 Hz, 2 ms budget)" "$BD/frame_host" \
+        "url=sqlite:$WORK/host_frame.db" "${HOST_ARGS[@]}"
+    host_drain "sqlite drain stepped by uv_host (libuv)" "$BD/uv_host" \
+        "url=sqlite:$WORK/host_uv.db" "${HOST_ARGS[@]}"
+    IDLE=$(LUA_CPATH="$BD/?.so;;" LUA_CPATH_5_4="$BD/?.so;;" timeout 60 lua5.4 spec/support/idle_host.lua \
+        "sqlite:$WORK/idle.db" 5 2>&1)
+    echo "$IDLE"
+    if grep -q '^idle ' <<<"$IDLE"; then
+        note "idle stepped runtime: $(grep '^idle ' <<<"$IDLE" | sed 's/^idle //') (goal: cpu_pct < 1)"
+    else
+        note "NOTE: the idle CPU figure failed (lua-cqueues missing?)"
+    fi
 fi
 
 # ---- 2. PostgreSQL ----------------------------------------------------------------------------
@@ -146,6 +209,73 @@ else
         fi
     fi
 
+    # River 0.51 (Go), same server, same run, with its own benchmark's settings.
+    if ! skipped river; then
+        RIVER_SRC=/work/shared/peers/river_drain
+        [ -d "$RIVER_SRC" ] || RIVER_SRC="$(dirname "$0")/../../shared/peers/river_drain"
+        RIVER_DIR=${RELAYBUS_BENCH_RIVER_DIR:-$HOME/.cache/relaybus/river}
+        GO=$(command -v go || echo /usr/local/go/bin/go)
+        if [ ! -x "$RIVER_DIR/river_drain" ] && [ -d "$RIVER_SRC" ] && [ -x "$GO" ]; then
+            echo "building River's harness into $RIVER_DIR (once)"
+            mkdir -p "$RIVER_DIR/src" && cp "$RIVER_SRC"/* "$RIVER_DIR/src/" && chmod -R u+w "$RIVER_DIR/src" &&
+                (cd "$RIVER_DIR/src" && "$GO" build -o "$RIVER_DIR/river_drain" . >"$WORK/river-build.log" 2>&1) ||
+                note "NOTE: building River's harness failed: $(tail -n 2 "$WORK/river-build.log" | tr '\n' ' ')"
+        fi
+        if [ -x "$RIVER_DIR/river_drain" ]; then
+            PG_URL="$PG_URL" N=50000 W=2000 timeout -k 10 300 "$RIVER_DIR/river_drain" >"$WORK/river.log" 2>&1
+            RIVER_RATE=$(grep -o '[0-9]* jobs/s' "$WORK/river.log" | tail -n 1 | grep -o '^[0-9]*')
+            if [ -n "$RIVER_RATE" ]; then
+                note "postgresql peer: River 0.51 $(tail -n 1 "$WORK/river.log") (MaxWorkers 2000, fetch cooldown 2 ms, poll 20 ms)"
+                note "postgresql ratio: relaybus ${PBEST}/s / River ${RIVER_RATE}/s = $(ratio "$PBEST" "$RIVER_RATE")x (goal: >= 2.5x)"
+            else
+                note "NOTE: River gave no result: $(tail -n 3 "$WORK/river.log" | tr '\n' ' ')"
+            fi
+        else
+            note "NOTE: River skipped: no Go or no harness at $RIVER_SRC"
+        fi
+    fi
+    # Defaults: relaybus.dispatcher(store) with no options is concurrency 64.
+    [ -n "${GW_RATE:-}" ] && note "postgresql defaults: relaybus ${P64}/s (concurrency 64, the default) / graphile-worker ${GW_RATE}/s = $(ratio "$P64" "$GW_RATE")x (goal: >= 2x)"
+    [ -n "${RIVER_RATE:-}" ] && note "postgresql defaults: relaybus ${P64}/s (the default) / River ${RIVER_RATE}/s = $(ratio "$P64" "$RIVER_RATE")x (goal: >= 2.5x)"
+
+    # Many processes on one database: 1, 2, 4 and 8 workers, 100,000 deliveries.
+    if ! skipped processes; then
+        for p in 1 2 4 8; do
+            bench 360 bench/processes.lua "$PG_URL" 100000 "$p" 64 postgresql
+        done
+    fi
+
+    # 50 idle workers (LISTEN, no polling beyond poll_interval): what they cost the server, from
+    # the CPU ticks of the throwaway cluster's processes over 10 s.
+    if ! skipped idle && [ -n "$PG_DIR" ]; then
+        PGD=$( [ -f "$PG_DIR/datadir" ] && cat "$PG_DIR/datadir" || echo "$PG_DIR/data")
+        PM=$(head -n 1 "$PGD/postmaster.pid" 2>/dev/null)
+        server_ticks() {   # utime + stime of the postmaster and its children, in ticks
+            local t=0 f st
+            for f in /proc/[0-9]*/stat; do
+                st=$(cat "$f" 2>/dev/null) || continue
+                st=${st##*) }
+                set -- $st
+                if [ "${f//[^0-9]/}" = "$PM" ] || [ "$2" = "$PM" ]; then t=$((t + ${12} + ${13})); fi
+            done
+            echo "$t"
+        }
+        IDLE_PIDS=()
+        for i in $(seq 50); do
+            "$RB" run bench/idle_worker.lua "$PG_URL" relaybus_bench_idle >/dev/null 2>&1 &
+            IDLE_PIDS+=($!)
+        done
+        sleep 5
+        T0=$(server_ticks); sleep 10; T1=$(server_ticks)
+        kill -TERM "${IDLE_PIDS[@]}" 2>/dev/null; wait "${IDLE_PIDS[@]}" 2>/dev/null
+        note "postgresql idle: 50 idle workers cost the server $(awk -v t=$((T1 - T0)) -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", 100 * t / hz / 10 }')% of a core over 10 s (goal: < 2%)"
+    fi
+
+    # Latency under load: a high-priority topic beside a backlog of another.
+    if ! skipped priority; then
+        bench 300 bench/priority.lua "$PG_URL" 50000 postgresql
+    fi
+
     # The SQL ceiling: pgbench running claim-then-complete on our table, no runtime at all.
     if ! skipped ceiling; then
         if ! command -v pgbench >/dev/null 2>&1; then
@@ -181,6 +311,16 @@ else
     fi
     if ! skipped purge; then
         bench 300 bench/purge_latency.lua "$PG_URL" 1000000 1000 postgresql
+    fi
+    # Huge tables: 10,000,000 settled and 1,000,000 future rows beside an empty table.
+    if ! skipped huge; then
+        bench 1800 bench/huge_table.lua "$PG_URL" 10000000 1000000 50000 300
+    fi
+    # Sustained load: 3,000/s enqueued by another process for RELAYBUS_BENCH_SUSTAINED seconds
+    # (default 600), 2 worker processes, retention 60 s; the chart goes to bench/out/.
+    if ! skipped sustained; then
+        SUST=${RELAYBUS_BENCH_SUSTAINED:-600}
+        bench $((SUST + 300)) bench/sustained.lua "$PG_URL" "$SUST" 3000 2 60 bench/out
     fi
 fi
 

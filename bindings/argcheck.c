@@ -1,6 +1,7 @@
 /* argcheck.c -- argument checks for the binding whose errors start with "relaybus:" (the
- * contract's mark of misuse), with the same wording as Lua's own: which argument of which
- * function, what was expected, what came. internal.h points the luaL_check* names here. */
+ * mark of misuse, docs/lua.md "Errors"), with the same wording as Lua's own: which argument
+ * of which function, what was expected, what came. internal.h points the luaL_check* names
+ * here. */
 #include <string.h>
 #include "internal.h"
 

@@ -27,7 +27,10 @@
 
 typedef struct rb_await rb_await;
 
-/* Returns NULL after pushing nil, "aborted" when the calling run is already aborted. */
+/* Starts a wait. Returns NULL after pushing nil, "aborted" when the calling run is already
+ * aborted (the caller returns those 2 results). Raises only on misuse or out of memory: a
+ * wait where none is possible (inside the event loop but not in a relaybus coroutine, e.g. a
+ * coroutine of the handler's own or a host's callback) raises a "relaybus: ..." error. */
 rb_await *rb_await_begin(lua_State *L);
 int rb_await_finish(lua_State *L, rb_await *w);
 lua_State *rb_await_target(rb_await *w);
@@ -37,5 +40,9 @@ void rb_await_resolve(rb_await *w, int nresults);
  * frees itself); without one, the late completion sees rb_await_target() == NULL and must
  * still call rb_await_resolve(w, 0) so the wait is freed. */
 void rb_await_on_cancel(rb_await *w, void (*cancel)(void *ud), void *ud);
+/* The wait reports what really happened even past an abort: the abort does not end it, and a
+ * result after the deadline is not replaced by "aborted". For writes whose outcome the caller
+ * must know (a settle that may have been written). */
+void rb_await_truthful(rb_await *w);
 
 #endif

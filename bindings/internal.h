@@ -9,6 +9,9 @@
 #include "await.h"
 #include "store.h"
 #include "dispatcher.h"
+#include "alloc.h"
+#include "timer.h"
+#include "fifo.h"
 
 #define RB_STORE_MT "relaybus.store"
 #define RB_TX_MT "relaybus.tx"
@@ -27,17 +30,40 @@ typedef struct cut_hook {
 typedef struct rb_task rb_task;
 typedef struct rb_signal rb_signal;
 
+/* watchdog.c: stops Lua code that runs past its time while the loop thread is held by C code. */
+typedef struct rb_watchdog rb_watchdog;
+typedef struct rb_watch { lua_State *co; double kill_at; } rb_watch;
+rb_watchdog *rb_watchdog_new(lua_Hook hook);
+void rb_watchdog_free(rb_watchdog *w);
+/* Around lua_resume(co): kill_at is when co must stop (INFINITY: not watched). enter returns
+ * the watch of an outer resume in progress, which leave puts back. */
+rb_watch rb_watchdog_enter(rb_watchdog *w, lua_State *co, double kill_at);
+void rb_watchdog_leave(rb_watchdog *w, rb_watch outer);
+
 struct rb_module {
     lua_State *L;               /* the main thread */
     struct ev_loop *loop;
-    int json_encode_ref, json_decode_ref, json_null_ref;
     int ntasks;                 /* spawned tasks still alive */
     int ndispatchers_running;
     cut_hook *cut_hooks;
     struct lua_dispatcher *dispatchers;  /* every dispatcher of this state */
     int closing;                /* lua_close is collecting: no callbacks into Lua */
     rb_task *task_pool;         /* finished tasks whose coroutines can run again */
+    rb_task *live;              /* tasks not yet freed: those left when the state closes are */
     int task_pool_n;
+    rb_watchdog *watchdog;      /* NULL when it could not be made */
+    int run_depth;              /* relaybus.run() loops in progress (rb_module_wake_run) */
+    /* The pollable runtime (no loop given by the host): the loop is the module's own, driven
+     * by rb_lua_step. A step with a budget defers resumes past it to the next step. */
+    int own_loop;
+    int backend_fd;             /* the loop's epoll descriptor: the host polls it */
+    double step_deadline;       /* monotonic; 0 outside a step with a budget */
+    RB_FIFO(rb_task) deferred;
+    /* relaybus.serve (lua_serve.c): the dispatchers' metrics, made by the first serve, and
+     * the servers running */
+    struct rb_metrics *metrics;
+    struct lua_server *servers;
+    int nservers;
 };
 
 /* An abort flag shared by a run's ctx.signal (and named leases' handle.signal). */
@@ -60,60 +86,114 @@ struct rb_task {
     rb_run *run;                /* NULL for plain tasks */
     rb_signal *signal;          /* the run's signal, or NULL */
     double abort_at;            /* monotonic time of the abort, for the interrupt grace */
+    int abort_seen;             /* its code has run since the abort (the grace has begun) */
     double deadline;            /* tasks guarded by a named lease: its deadline, else 0 */
     int daemon;                 /* the runtime's own task: relaybus.run() does not wait for it */
     int extra_yield;            /* resumed from a bare coroutine.yield: resume next iteration */
-    ev_idle yield_watcher;
+    rb_idle yield_watcher;
     /* Called when the coroutine ends: ok, or the error message. */
     void (*on_end)(rb_task *t, int ok, const char *err);
     void *ud;
     rb_task *pool_next;         /* in the module's pool of finished tasks */
+    rb_task *live_prev, *live_next;     /* on m->live until freed or pooled */
+    void (*on_close)(rb_task *t);       /* frees ud when the state closes with t still alive */
+    int killed;                 /* stopped for good past its time: never resumed again */
+    /* A resume a step's budget put off: its nargs results wait on the coroutine's stack. */
+    int deferred, deferred_nargs, deferred_truthful;
+    rb_task *deferred_next;
 };
 
 /* module.c */
 rb_module *rb_module_get(lua_State *L);
+/* A task ended or a dispatcher stopped: relaybus.run() may be waiting for it. Breaks only
+ * run()'s own ev_run, never the host's (a host loop that shares m->loop keeps running). */
+void rb_module_wake_run(rb_module *m);
 void rb_module_run_cut_hooks(rb_module *m);
-/* JSON through lua-cjson. Each returns 1 with the result pushed (the JSON text; the decoded
- * value, JSON null at the top as nil), or 0 with the error message pushed. */
+
+/* json.c: relaybus's JSON codec (docs/lua.md, "relaybus.json"). rb_json_encode and
+ * rb_json_decode return 1 with the result pushed (the JSON text; the decoded value, JSON null
+ * at the top as nil), or 0 with a one-line message pushed: an encode error names the part
+ * ("payload.items[3].price: cannot encode a function"; rb_json_encode_as names the root), a
+ * decode error the line and column. rb_json_check says whether s[0..len) decodes (1), else
+ * writes why into msg (0). */
 int rb_json_encode(lua_State *L, int idx);
+int rb_json_encode_as(lua_State *L, int idx, const char *root);
 int rb_json_decode(lua_State *L, const char *s, size_t len);
+int rb_json_check(const char *s, size_t len, char *msg, size_t cap);
+void rb_lua_open_json(lua_State *L);             /* pushes the relaybus.json table */
 
 /* task.c */
 rb_task *rb_task_current(lua_State *L);          /* the relaybus task L runs in, or NULL */
 /* A new (or pooled) task; push the function and its arguments on t->co, then start it with
- * rb_task_start(t, nargs). L is used to create the coroutine. */
+ * rb_task_start(t, nargs). L is used to create the coroutine. NULL when out of memory (it never
+ * raises: loop callbacks make tasks, and an error raised there would unwind through libev). */
 rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs);
 void rb_task_free(rb_task *t);                   /* pools its coroutine when it can */
 void rb_task_start(rb_task *t, int nargs);
 void rb_task_abort(rb_task *t);                  /* wakes the pending wait with nil, "aborted" */
+/* Records t's abort (once): its time, and whether its code is running now. Code that was
+ * waiting learns of the abort at its next resume, and the grace counts from there. */
+void rb_task_mark_aborted(rb_task *t);
+/* The count hook that stops a run past its deadline plus the grace, for good (task.c). */
 void rb_task_install_hook(rb_task *t);
+void rb_task_hook(lua_State *L, lua_Debug *ar);
 int rb_lua_sleep(lua_State *L);                  /* relaybus.sleep(s) */
 int rb_lua_spawn(lua_State *L);
 int rb_lua_spawn_daemon(lua_State *L);
 int rb_task_is_aborted(rb_task *t);
+/* The pollable runtime: resumes a step's budget put off, until the budget is spent again. */
+void rb_task_run_deferred(rb_module *m);
+/* The state closes: frees the tasks still alive (suspended in a wait that will never end). */
+void rb_task_close_live(rb_module *m);
 
 /* signal (lua_dispatcher.c) */
 rb_signal *rb_signal_push(lua_State *L, rb_module *m);
 void rb_signal_fire(rb_signal *s, rb_abort_reason reason);
 
 /* lua_store.c */
+#define RB_LIST_MAX 1000000     /* records one list call may return */
+typedef struct lua_store lua_store;
 int rb_lua_open_store(lua_State *L);             /* relaybus.open */
+lua_store *rb_lua_store_object(lua_State *L, int idx);  /* raises unless an open store */
+int rb_lua_store_open(lua_State *L, int idx);           /* 1 unless closed */
+/* A started dispatcher uses the store: close() refuses until it has stopped (running), and
+ * the store closes only once it is quiet (users). Deltas of +1 / -1 / 0. */
+void rb_lua_store_use(lua_store *st, int running, int users);
 void rb_lua_store_register(lua_State *L);
 rb_store *rb_lua_check_store(lua_State *L, int idx);
 void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d);
-void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned);
+/* The tx object; the store userdata at store_idx is kept alive by it. */
+void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned, int store_idx);
 void rb_tx_invalidate(lua_State *L, int idx);
+const int *rb_lua_store_closed_flag(lua_State *L, int idx);
+void rb_lua_push_wrapping_store(lua_State *L, rb_store *s, int inner_idx);
+
+/* lua_faults.c */
+int rb_lua_faults(lua_State *L);                 /* relaybus._faults */
+void rb_lua_faults_register(lua_State *L);       /* store:_fault_stats */
 
 /* lua_dispatcher.c */
 void rb_lua_dispatcher_register(lua_State *L);
+int rb_lua_unstarted(rb_module *m);
+void rb_lua_check_deadlines(rb_module *m);    /* rb_dispatcher_check_deadlines on each */
 int rb_lua_dispatcher_new(lua_State *L);
+
+/* lua_serve.c */
+typedef struct lua_server lua_server;
+int rb_lua_serve(lua_State *L);                  /* relaybus.serve */
+void rb_lua_serve_register(lua_State *L);
+int rb_lua_stop_servers(rb_module *m);           /* stops every server; returns how many */
+struct rb_metrics *rb_lua_metrics(rb_module *m, int create);
+/* lua_dispatcher.c, for it */
+struct lua_dispatcher *rb_lua_dispatcher_next(struct lua_dispatcher *ld);
+void rb_lua_dispatcher_attach_metrics(struct lua_dispatcher *ld, struct rb_metrics *mx);
 
 /* lua_leases.c */
 void rb_lua_leases_register(lua_State *L);
 int rb_lua_try_acquire(lua_State *L);
 int rb_lua_local_leases(lua_State *L);
 
-/* Argument checks whose errors start with "relaybus:", as the contract wants for misuse.
+/* Argument checks whose errors start with "relaybus:", as docs/lua.md ("Errors") says of misuse.
  * The luaL_ names are redirected here so every file of the binding gets them. */
 const char *rb_checklstring(lua_State *L, int arg, size_t *len);
 lua_Number rb_checknumber(lua_State *L, int arg);
@@ -145,6 +225,9 @@ int rb_misuse(lua_State *L, const char *fmt, ...);
  * metatable.methods. gc may be NULL. */
 void rb_register_class(lua_State *L, const char *name, const luaL_Reg *methods,
                        lua_CFunction index, lua_CFunction gc);
+/* The fallback of such an index function: pushes the method k of the object at idx (nil when
+ * there is none); returns 1, for `return rb_push_method(L, 1, k);`. */
+int rb_push_method(lua_State *L, int idx, const char *k);
 /* Checks that the table at idx has only the given keys (NULL-terminated). */
 void rb_check_options(lua_State *L, int idx, const char *what, const char *const *allowed);
 double rb_opt_number(lua_State *L, int idx, const char *key, double dflt);

@@ -9,9 +9,15 @@
 #include <string.h>
 #include "internal.h"
 #include "log.h"
+#include "metrics.h"
 
+/* A wait for the dispatcher's stop: d:stop() inside a coroutine, the waitable's wait(), and
+ * d:_idle(s) (the runtime's own tasks sleep with it, so a stop ends them at once). */
 typedef struct stop_wait {
     rb_await *w;
+    struct lua_dispatcher *ld;
+    rb_timer timer;         /* d:_idle(s): gives up after s */
+    int timed;
     struct stop_wait *next;
 } stop_wait;
 
@@ -19,9 +25,12 @@ typedef struct lua_dispatcher {
     rb_dispatcher *d;
     rb_module *m;
     int store_ref;          /* keeps the store userdata alive */
+    lua_store *st;          /* that store, told while we use it */
     int backoff_ref;        /* Lua backoff function, or LUA_NOREF */
-    int self_ref;           /* keeps us alive while running or while runs are unsettled */
+    int self_ref;           /* keeps us alive from start until quiet (stopped, nothing left) */
     int started, stopped;
+    int nhandlers;
+    int events_ref;         /* d:on listeners: {claimed = {fn...}, ...}, or LUA_NOREF */
     stop_wait *waits;
     struct lua_dispatcher *next;
 } lua_dispatcher;
@@ -34,6 +43,8 @@ typedef struct lua_handler {
 typedef struct lua_ctx {
     rb_task *task;          /* NULL once the run settled */
     rb_run *run;            /* NULL once the run settled */
+    int transactional;      /* declared so: ctx.transaction may be read (once the run has
+                             * ended it is the closed tx object, which raises) */
 } lua_ctx;
 
 /* per-run data attached with rb_run_set_data */
@@ -64,7 +75,8 @@ static void call_on_abort(rb_module *m, int fn_ref, const char *reason)
     lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
     lua_pushstring(L, reason);
     if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
-        rb_log(RB_LOG_ERROR, "on_abort callback failed: %s", lua_tostring(L, -1));
+        static rb_log_limit lim;
+        rb_log_limited(&lim, RB_LOG_ERROR, "on_abort callback failed: %s", lua_tostring(L, -1));
         lua_pop(L, 1);
     }
 }
@@ -104,10 +116,7 @@ static int l_signal_index(lua_State *L)
         else lua_pushnil(L);
         return 1;
     }
-    lua_getmetatable(L, 1);
-    lua_getfield(L, -1, "methods");
-    lua_getfield(L, -1, k);
-    return 1;
+    return rb_push_method(L, 1, k);
 }
 
 /* The signal of a run also checks the clock when read through check(). */
@@ -184,6 +193,8 @@ static int ctx_settle(lua_State *L, rb_settle_kind kind, double delay, const cha
     }
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
+    /* Once sent, a settle's answer is the truth, abort or not: true means it was written. */
+    rb_await_truthful(w);
     rb_run_settle(c->run, kind, delay, reason, on_settle_result, w);
     return rb_await_finish(L, w);
 }
@@ -194,7 +205,8 @@ static int l_ctx_reschedule(lua_State *L)
 {
     double delay = luaL_checknumber(L, 2);
     const char *reason = luaL_optstring(L, 3, NULL);
-    if (!(delay >= 0)) return rb_misuse(L, "reschedule: delay must be >= 0");
+    if (!rb_valid_seconds(delay))
+        return rb_misuse(L, "reschedule: delay must be a number of seconds from 0 to 100 years");
     return ctx_settle(L, RB_OP_RESCHEDULE, delay, reason);
 }
 
@@ -207,15 +219,43 @@ static int l_ctx_bury(lua_State *L)
 static int l_ctx_release(lua_State *L)
 {
     double delay = luaL_optnumber(L, 2, 0);
-    if (!(delay >= 0)) return rb_misuse(L, "release: delay must be >= 0");
+    if (!rb_valid_seconds(delay))
+        return rb_misuse(L, "release: delay must be a number of seconds from 0 to 100 years");
     return ctx_settle(L, RB_OP_RELEASE, delay, NULL);
 }
 
 static int l_ctx_extend_lease(lua_State *L)
 {
     double secs = luaL_optnumber(L, 2, 0);
-    if (!(secs >= 0)) return rb_misuse(L, "extend_lease: duration must be >= 0");
+    if (!rb_valid_seconds(secs))
+        return rb_misuse(L, "extend_lease: duration must be a number of seconds from 0 (the "
+                            "lease_duration) to 100 years");
     return ctx_settle(L, RB_OP_EXTEND, secs, NULL);
+}
+
+/* ctx:sleep(s): as relaybus.sleep, and nil, "aborted" once the run is over. */
+static int l_ctx_sleep(lua_State *L)
+{
+    lua_ctx *c = check_ctx(L);
+    if (!c->run) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "aborted");
+        return 2;
+    }
+    return rb_lua_sleep(L);
+}
+
+/* ctx:backoff() -> the seconds a retry of this attempt waits under the dispatcher's backoff */
+static int l_ctx_backoff(lua_State *L)
+{
+    lua_ctx *c = check_ctx(L);
+    if (!c->run) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "aborted");
+        return 2;
+    }
+    lua_pushnumber(L, rb_run_backoff(c->run));
+    return 1;
 }
 
 static int l_ctx_index(lua_State *L)
@@ -227,7 +267,9 @@ static int l_ctx_index(lua_State *L)
         return 1;
     }
     if (strcmp(k, "transaction") == 0) {
-        lua_getiuservalue(L, 1, 2);
+        if (lua_getiuservalue(L, 1, 2) == LUA_TNIL && !c->transactional)
+            return rb_misuse(L, "ctx.transaction: this handler is not transactional (declare "
+                                "it with d:handle(topic, fn, {transactional = true}))");
         return 1;
     }
     if (strcmp(k, "delivery") == 0) {
@@ -239,10 +281,7 @@ static int l_ctx_index(lua_State *L)
         else lua_pushnumber(L, rb_monotonic());
         return 1;
     }
-    lua_getmetatable(L, 1);
-    lua_getfield(L, -1, "methods");
-    lua_getfield(L, -1, k);
-    return 1;
+    return rb_push_method(L, 1, k);
 }
 
 /* ---- handler callbacks from the dispatcher ------------------------------------------------- */
@@ -252,6 +291,13 @@ static void free_run_data(run_data *rd)
     if (!m->closing) luaL_unref(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
     if (rd->task) rb_task_free(rd->task);
     free(rd);
+}
+
+/* The state closes with the handler still suspended: its run data goes with the task. */
+static void on_handler_closed(rb_task *t)
+{
+    free(t->ud);
+    t->ud = NULL;
 }
 
 static void on_handler_end(rb_task *t, int ok, const char *err)
@@ -266,8 +312,11 @@ static void on_handler_end(rb_task *t, int ok, const char *err)
         rb_tx_invalidate(m->L, -1);
         lua_pop(m->L, 2);
     }
-    if (!ok && rb_log_enabled(RB_LOG_DEBUG))
-        rb_log(RB_LOG_DEBUG, "handler of %s raised: %s", rb_run_delivery(run)->id, err);
+    static rb_log_limit raised;
+    if (!ok && !rb_run_aborted(run))
+        rb_log_limited_d(&raised, RB_LOG_INFO, rb_run_delivery(run)->id, rb_run_delivery(run)->topic,
+                         "handler of %s (%s) raised: %s", rb_run_delivery(run)->id,
+                         rb_run_delivery(run)->topic, err);
     rb_run_finish(run, ok, err);    /* may settle (and free rd) before it returns */
 }
 
@@ -297,7 +346,7 @@ static void handler_start(rb_run *run, void *ud)
     lua_pop(L, 1);
     int rec = lua_gettop(L);
 
-    run_data *rd = calloc(1, sizeof *rd);
+    run_data *rd = rb_calloc(1, sizeof *rd);
     if (!rd) {
         lua_pop(L, 1);
         rb_run_finish(run, 0, "out of memory");
@@ -305,19 +354,29 @@ static void handler_start(rb_run *run, void *ud)
     }
     rd->h = h;
     rb_task *t = rb_task_new(m, L, 2);
+    if (!t) {
+        free(rd);
+        lua_pop(L, 1);
+        rb_run_finish(run, 0, "out of memory");
+        return;
+    }
     t->run = run;
     t->ud = rd;
     t->on_end = on_handler_end;
+    t->on_close = on_handler_closed;
     rd->task = t;
 
     lua_ctx *c = lua_newuserdatauv(L, sizeof *c, 3);
     c->task = t;
     c->run = run;
+    c->transactional = rb_run_tx(run) != NULL;
     luaL_setmetatable(L, RB_CTX_MT);
     t->signal = rb_signal_push(L, m);
     lua_setiuservalue(L, -2, 1);
     if (rb_run_tx(run)) {
-        rb_push_tx(L, rb_dispatcher_store(rb_run_dispatcher(run)), rb_run_tx(run), 0);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, h->ld->store_ref);
+        rb_push_tx(L, rb_dispatcher_store(rb_run_dispatcher(run)), rb_run_tx(run), 0, -1);
+        lua_remove(L, -2);
         lua_setiuservalue(L, -2, 2);
     }
     lua_pushvalue(L, rec);
@@ -343,7 +402,7 @@ static void handler_abort(rb_run *run, rb_abort_reason reason, void *ud)
     run_data *rd = rb_run_get_data(run);
     if (!rd || !rd->task || rd->task->done) return;
     rb_task *t = rd->task;
-    t->abort_at = rb_monotonic();
+    rb_task_mark_aborted(t);
     if (t->signal) rb_signal_fire(t->signal, reason);
     rb_task_abort(t);
 }
@@ -386,36 +445,54 @@ static double lua_backoff(int attempts, void *ud)
     lua_pushinteger(L, attempts);
     double s = pow(2.0, attempts);
     if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
-        rb_log(RB_LOG_ERROR, "backoff function failed: %s", lua_tostring(L, -1));
+        static rb_log_limit lim;
+        rb_log_limited(&lim, RB_LOG_ERROR, "backoff function failed: %s", lua_tostring(L, -1));
     } else if (lua_isnumber(L, -1)) {
         s = lua_tonumber(L, -1);
     } else {
-        rb_log(RB_LOG_ERROR, "backoff function returned %s, not a number", luaL_typename(L, -1));
+        static rb_log_limit lim;
+        rb_log_limited(&lim, RB_LOG_ERROR, "backoff function returned %s, not a number", luaL_typename(L, -1));
     }
     lua_pop(L, 1);
-    return s > 3600 * 24 * 365 ? 3600 * 24 * 365 : s;
+    return s;       /* the dispatcher clamps it into range */
 }
 
 static void on_stopped(rb_dispatcher *d, void *ud)
 {
+    (void)d;
     lua_dispatcher *ld = ud;
     rb_module *m = ld->m;
     ld->stopped = 1;
     m->ndispatchers_running--;
-    ev_break(m->loop, EVBREAK_ONE);     /* relaybus.run() may be waiting for this */
+    rb_module_wake_run(m);
     if (m->closing) return;
-    /* Runs still unsettled at the stop's end are abandoned; their transfers are cut too. */
-    if (rb_dispatcher_active(d) > 0) rb_module_run_cut_hooks(m);
+    rb_lua_store_use(ld->st, -1, 0);
+    /* Runs still unsettled at the stop's end were aborted, which cut their own transfers;
+     * other transfers of the state are not this dispatcher's to cut. */
     stop_wait *sw = ld->waits;
     ld->waits = NULL;
     while (sw) {
         stop_wait *next = sw->next;
-        lua_State *T = rb_await_target(sw->w);
-        if (T) lua_pushboolean(T, 1);
-        rb_await_resolve(sw->w, T ? 1 : 0);
+        if (sw->timed) rb_timer_stop(m->loop, &sw->timer);
+        rb_await *w = sw->w;
         free(sw);
+        lua_State *T = rb_await_target(w);
+        if (T) lua_pushboolean(T, 1);
+        rb_await_resolve(w, T ? 1 : 0);
         sw = next;
     }
+}
+
+/* Stopped with nothing left in flight: the dispatcher no longer keeps itself (or its store's
+ * close) back; once unreachable, the collector frees it. */
+static void on_quiet(rb_dispatcher *d, void *ud)
+{
+    (void)d;
+    lua_dispatcher *ld = ud;
+    if (ld->m->closing || ld->self_ref == LUA_NOREF) return;
+    rb_lua_store_use(ld->st, 0, -1);    /* may close the store: nothing of ours uses it now */
+    luaL_unref(ld->m->L, LUA_REGISTRYINDEX, ld->self_ref);
+    ld->self_ref = LUA_NOREF;
 }
 
 static const char *const dispatcher_opts[] = {
@@ -424,7 +501,7 @@ static const char *const dispatcher_opts[] = {
 
 int rb_lua_dispatcher_new(lua_State *L)
 {
-    rb_lua_check_store(L, 1);
+    lua_store *st = rb_lua_store_object(L, 1);
     rb_check_options(L, 2, "dispatcher", dispatcher_opts);
     rb_module *m = rb_module_get(L);
     rb_dispatcher_options o;
@@ -433,17 +510,17 @@ int rb_lua_dispatcher_new(lua_State *L)
     o.shutdown_timeout = rb_opt_number(L, 2, "shutdown_timeout", o.shutdown_timeout);
     o.poll_interval = rb_opt_number(L, 2, "poll_interval", o.poll_interval);
     double conc = rb_opt_number(L, 2, "concurrency", o.concurrency);
-    if (!(o.lease_duration > 0)) rb_misuse(L, "dispatcher: lease_duration must be > 0");
-    if (!(o.shutdown_timeout >= 0)) rb_misuse(L, "dispatcher: shutdown_timeout must be >= 0");
-    if (!(o.poll_interval > 0)) rb_misuse(L, "dispatcher: poll_interval must be > 0");
-    if (!(conc >= 1) || conc != floor(conc) || conc > 1e6)
-        rb_misuse(L, "dispatcher: concurrency must be a positive integer");
+    if (!(conc >= 1) || conc != floor(conc) || conc > RB_MAX_CONCURRENCY)
+        rb_misuse(L, "dispatcher: concurrency must be an integer from 1 to 1000000");
     o.concurrency = (int)conc;
+    char why[160];
+    if (rb_dispatcher_options_check(&o, why, sizeof why) != 0) rb_misuse(L, "dispatcher: %s", why);
     lua_dispatcher *ld = lua_newuserdatauv(L, sizeof *ld, 1);
     memset(ld, 0, sizeof *ld);
     ld->m = m;
     ld->backoff_ref = LUA_NOREF;
     ld->self_ref = LUA_NOREF;
+    ld->events_ref = LUA_NOREF;
     luaL_setmetatable(L, RB_DISPATCHER_MT);
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "backoff");
@@ -459,16 +536,21 @@ int rb_lua_dispatcher_new(lua_State *L)
     }
     o.on_stopped = on_stopped;
     o.on_stopped_ud = ld;
+    o.on_quiet = on_quiet;
+    o.on_quiet_ud = ld;
     lua_pushvalue(L, 1);
     ld->store_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    ld->st = st;
     ld->d = rb_dispatcher_new(rb_lua_check_store(L, 1), &o);
     if (!ld->d) return luaL_error(L, "relaybus: out of memory");
+    if (m->metrics && rb_metrics_attach(m->metrics, ld->d) != 0)
+        return luaL_error(L, "relaybus: out of memory");
     ld->next = m->dispatchers;
     m->dispatchers = ld;
     return 1;
 }
 
-static const char *const handle_opts[] = {"transactional", "timeout", NULL};
+static const char *const handle_opts[] = {"transactional", "timeout", "concurrency", "priority", NULL};
 
 static int l_handle(lua_State *L)
 {
@@ -482,10 +564,22 @@ static int l_handle(lua_State *L)
         lua_getfield(L, 4, "transactional");
         def.transactional = lua_toboolean(L, -1);
         lua_pop(L, 1);
+        double conc = rb_opt_number(L, 4, "concurrency", 0);
+        int given = lua_getfield(L, 4, "concurrency") != LUA_TNIL;
+        lua_pop(L, 1);
+        if (!((conc >= 1 || (!given && conc == 0)) && conc <= RB_MAX_CONCURRENCY) || conc != floor(conc))
+            return rb_misuse(L, "handle: concurrency must be an integer from 1 to 1000000");
+        def.concurrency = (int)conc;
+        double prio = rb_opt_number(L, 4, "priority", 0);
+        if (!(prio >= -1000000 && prio <= 1000000) || prio != floor(prio))
+            return rb_misuse(L, "handle: priority must be an integer from -1000000 to 1000000 (higher claims first)");
+        def.priority = (int)prio;
         def.timeout = rb_opt_number(L, 4, "timeout", 0);
-        if (def.timeout < 0) return rb_misuse(L, "handle: timeout must be > 0");
+        if (!rb_valid_seconds(def.timeout))
+            return rb_misuse(L, "handle: timeout must be a number of seconds from 0 (none) to "
+                                "100 years");
     }
-    lua_handler *h = calloc(1, sizeof *h);
+    lua_handler *h = rb_calloc(1, sizeof *h);
     if (!h) return luaL_error(L, "relaybus: out of memory");
     h->ld = ld;
     lua_pushvalue(L, 3);
@@ -495,7 +589,9 @@ static int l_handle(lua_State *L)
     def.settled = handler_settled;
     def.free = handler_free;
     def.ud = h;
+    ld->nhandlers++;
     if (rb_dispatcher_handle(ld->d, topic, &def) != 0) {
+        ld->nhandlers--;
         luaL_unref(L, LUA_REGISTRYINDEX, h->fn_ref);
         free(h);
         return rb_misuse(L, "handle: topic '%s' already has a handler", topic);
@@ -507,34 +603,91 @@ static int l_handle(lua_State *L)
 static int l_start(lua_State *L)
 {
     lua_dispatcher *ld = check_dispatcher(L, 1);
+    if (ld->stopped) return rb_misuse(L, "start: this dispatcher was stopped; make a new one");
     if (ld->started) return 0;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->store_ref);
+    if (luaL_checkudata(L, -1, RB_STORE_MT) && !rb_lua_store_open(L, -1))
+        return rb_misuse(L, "start: the dispatcher's store is closed");
+    lua_pop(L, 1);
+    if (rb_dispatcher_start(ld->d) != 0) return luaL_error(L, "relaybus: out of memory");
     ld->started = 1;
     ld->m->ndispatchers_running++;
     lua_pushvalue(L, 1);
-    ld->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* alive while it runs */
-    rb_dispatcher_start(ld->d);
+    ld->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* alive until quiet */
+    rb_lua_store_use(ld->st, 1, 1);
     lua_settop(L, 1);
     return 1;
 }
 
-static int wait_stopped(lua_State *L, lua_dispatcher *ld)
+static void unlink_wait(stop_wait *sw)
+{
+    for (stop_wait **pp = &sw->ld->waits; *pp; pp = &(*pp)->next)
+        if (*pp == sw) {
+            *pp = sw->next;
+            break;
+        }
+    if (sw->timed) rb_timer_stop(sw->ld->m->loop, &sw->timer);
+}
+
+/* The waiter was aborted (its run's deadline): it gives up; the stop goes on. */
+static void cancel_wait(void *ud)
+{
+    stop_wait *sw = ud;
+    unlink_wait(sw);
+    free(sw);
+}
+
+static void on_idle_over(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop; (void)revents;
+    stop_wait *sw = t->data;
+    rb_await *w = sw->w;
+    unlink_wait(sw);
+    free(sw);
+    lua_State *T = rb_await_target(w);
+    if (T) lua_pushboolean(T, 0);
+    rb_await_resolve(w, T ? 1 : 0);
+}
+
+/* Waits until the dispatcher has stopped (true), or, with timeout >= 0, at most that long
+ * (false when it has not stopped by then). */
+static int wait_stopped(lua_State *L, lua_dispatcher *ld, double timeout)
 {
     if (ld->stopped || !ld->started) {
         lua_pushboolean(L, 1);
         return 1;
     }
-    stop_wait *sw = calloc(1, sizeof *sw);
-    if (!sw) return luaL_error(L, "relaybus: out of memory");
+    /* even an aborted caller gets its stop: it just does not wait for it */
     rb_await *w = rb_await_begin(L);
-    if (!w) {
-        /* even an aborted caller gets its stop: it just does not wait for it */
-        free(sw);
-        return 2;
+    if (!w) return 2;
+    stop_wait *sw = rb_calloc(1, sizeof *sw);
+    if (!sw) {
+        free(w);
+        return luaL_error(L, "relaybus: out of memory");
     }
     sw->w = w;
+    sw->ld = ld;
+    if (timeout >= 0) {
+        sw->timed = 1;
+        rb_timer_init(&sw->timer, on_idle_over, timeout, 0);
+        sw->timer.w.data = sw;
+        rb_timer_start(ld->m->loop, &sw->timer);
+    }
     sw->next = ld->waits;
     ld->waits = sw;
+    rb_await_on_cancel(w, cancel_wait, sw);
     return rb_await_finish(L, w);
+}
+
+/* d:_idle(s): sleeps s seconds, or less when the dispatcher stops meanwhile; true when it has
+ * stopped. The runtime's own tasks (every, retention) wait with it, so they end with the stop
+ * and do not keep a stopped dispatcher alive. */
+static int l_idle(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    double s = luaL_checknumber(L, 2);
+    if (!rb_valid_seconds(s)) return rb_misuse(L, "_idle: seconds out of range");
+    return wait_stopped(L, ld, s);
 }
 
 static const char *const stop_opts[] = {"timeout", NULL};
@@ -543,13 +696,16 @@ static const char *const stop_opts[] = {"timeout", NULL};
 static int l_stop(lua_State *L)
 {
     lua_dispatcher *ld = check_dispatcher(L, 1);
-    rb_check_options(L, 2, "stop", stop_opts);
+    /* docs/lua.md: the number T is the same as {timeout = T} */
+    if (lua_type(L, 2) != LUA_TNUMBER) rb_check_options(L, 2, "stop", stop_opts);
     double timeout = -1;
     if (lua_istable(L, 2)) timeout = rb_opt_number(L, 2, "timeout", -1);
     else if (lua_isnumber(L, 2)) timeout = lua_tonumber(L, 2);
+    if (timeout != -1 && !rb_valid_seconds(timeout))
+        return rb_misuse(L, "stop: timeout must be a number of seconds from 0 to 100 years");
     if (ld->started && !ld->stopped) rb_dispatcher_stop(ld->d, timeout, NULL, NULL);
     else if (!ld->started) ld->stopped = 1;
-    if (rb_task_current(L)) return wait_stopped(L, ld);
+    if (rb_task_current(L)) return wait_stopped(L, ld, -1);
     lua_newuserdatauv(L, 0, 1);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
@@ -562,7 +718,7 @@ static int l_stopwait_wait(lua_State *L)
     luaL_checkudata(L, 1, RB_STOPWAIT_MT);
     lua_getiuservalue(L, 1, 1);
     lua_dispatcher *ld = luaL_checkudata(L, -1, RB_DISPATCHER_MT);
-    return wait_stopped(L, ld);
+    return wait_stopped(L, ld, -1);
 }
 
 static int l_stopwait_done(lua_State *L)
@@ -600,15 +756,98 @@ static int l_dispatcher_gc(lua_State *L)
 {
     lua_dispatcher *ld = luaL_checkudata(L, 1, RB_DISPATCHER_MT);
     if (!ld->d) return 0;
-    /* A started dispatcher is referenced until the state closes, so this runs either for a
-     * never-started one or inside lua_close: then no callback may touch Lua any more. */
-    if (ld->started) ld->m->closing = 1;
+    /* A started dispatcher keeps itself alive until it is quiet, so collecting one that is
+     * not means lua_close: from here no callback may touch Lua any more. */
+    if (ld->self_ref != LUA_NOREF) ld->m->closing = 1;
     unlink_dispatcher(ld);
+    if (ld->events_ref != LUA_NOREF && !ld->m->closing) luaL_unref(L, LUA_REGISTRYINDEX, ld->events_ref);
+    ld->events_ref = LUA_NOREF;
     if (ld->started && !ld->stopped) ld->m->ndispatchers_running--;
     ld->stopped = 1;
     rb_dispatcher_free(ld->d);
     ld->d = NULL;
     return 0;
+}
+
+/* ---- d:on(event, fn): lifecycle events to Lua ------------------------------------------------ */
+static const char *const lua_events[] = {"claimed", "started", "settled", NULL};
+
+/* Each listener runs as a task of its own with the event's table; an error in it is logged
+ * (by the task) and never touches the delivery. */
+static void on_lua_event(rb_dispatcher *d, const rb_event *ev, void *ud)
+{
+    (void)d;
+    lua_dispatcher *ld = ud;
+    rb_module *m = ld->m;
+    const char *name = ev->kind == RB_EV_CLAIMED ? "claimed" : ev->kind == RB_EV_STARTED ? "started"
+                     : ev->kind == RB_EV_SETTLED ? "settled" : NULL;
+    if (!name || m->closing || ld->events_ref == LUA_NOREF) return;
+    lua_State *L = m->L;
+    if (!lua_checkstack(L, 8)) return;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->events_ref);
+    if (lua_getfield(L, -1, name) != LUA_TTABLE) {
+        lua_pop(L, 2);
+        return;
+    }
+    int fns = lua_gettop(L);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, fns);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_pushcfunction(L, rb_lua_spawn);
+        lua_rawgeti(L, fns, i);
+        lua_createtable(L, 0, 8);
+        lua_pushstring(L, name);
+        lua_setfield(L, -2, "event");
+        lua_pushstring(L, ev->delivery->id);
+        lua_setfield(L, -2, "id");
+        lua_pushstring(L, ev->delivery->topic);
+        lua_setfield(L, -2, "topic");
+        lua_pushinteger(L, ev->delivery->attempts);
+        lua_setfield(L, -2, "attempt");
+        if (ev->kind == RB_EV_STARTED) {
+            lua_pushnumber(L, ev->start_delay);
+            lua_setfield(L, -2, "start_delay");
+        } else if (ev->kind == RB_EV_SETTLED) {
+            lua_pushstring(L, rb_outcome_name(ev->outcome));
+            lua_setfield(L, -2, "outcome");
+            lua_pushnumber(L, ev->duration);
+            lua_setfield(L, -2, "duration");
+            if (ev->error) {
+                lua_pushstring(L, ev->error);
+                lua_setfield(L, -2, "error");
+            }
+        }
+        if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+            static rb_log_limit lim;
+            rb_log_limited(&lim, RB_LOG_ERROR, "d:on(\"%s\") listener could not run: %s", name,
+                           lua_tostring(L, -1));
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 2);
+}
+
+static int l_on(lua_State *L)
+{
+    lua_dispatcher *ld = check_dispatcher(L, 1);
+    int which = luaL_checkoption(L, 2, NULL, lua_events);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    if (ld->events_ref == LUA_NOREF) {
+        if (rb_dispatcher_on_event(ld->d, on_lua_event, ld) != 0)
+            return luaL_error(L, "relaybus: out of memory");
+        lua_newtable(L);
+        ld->events_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->events_ref);
+    if (lua_getfield(L, -1, lua_events[which]) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -3, lua_events[which]);
+    }
+    lua_pushvalue(L, 3);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_settop(L, 1);
+    return 1;
 }
 
 static int l_dispatcher_store(lua_State *L)
@@ -624,16 +863,19 @@ static const luaL_Reg dispatcher_methods[] = {
     {"start", l_start},
     {"stop", l_stop},
     {"stats", l_dispatcher_stats},
+    {"_idle", l_idle},
+    {"on", l_on},
     {NULL, NULL}
 };
 
 static const luaL_Reg ctx_methods[] = {
-    {"sleep", rb_lua_sleep},
+    {"sleep", l_ctx_sleep},
     {"extend_lease", l_ctx_extend_lease},
     {"reschedule", l_ctx_reschedule},
     {"bury", l_ctx_bury},
     {"release", l_ctx_release},
     {"complete", l_ctx_complete},
+    {"backoff", l_ctx_backoff},
     {NULL, NULL}
 };
 
@@ -649,10 +891,33 @@ static const luaL_Reg stopwait_methods[] = {
     {NULL, NULL}
 };
 
+/* Dispatchers of m with handlers that were never started (relaybus.run() says so). */
+int rb_lua_unstarted(rb_module *m)
+{
+    int n = 0;
+    for (lua_dispatcher *ld = m->dispatchers; ld; ld = ld->next)
+        if (ld->d && !ld->started && !ld->stopped && ld->nhandlers > 0) n++;
+    return n;
+}
+
+void rb_lua_check_deadlines(rb_module *m)
+{
+    for (lua_dispatcher *ld = m->dispatchers; ld; ld = ld->next)
+        if (ld->d && ld->started && !ld->stopped) rb_dispatcher_check_deadlines(ld->d);
+}
+
+struct lua_dispatcher *rb_lua_dispatcher_next(struct lua_dispatcher *ld) { return ld->next; }
+
+void rb_lua_dispatcher_attach_metrics(struct lua_dispatcher *ld, rb_metrics *mx)
+{
+    if (ld->d && rb_metrics_attach(mx, ld->d) != 0)
+        rb_log(RB_LOG_WARN, "serve: out of memory: a dispatcher's runs are not counted");
+}
+
 int rb_lua_stop_all(lua_State *L)
 {
     rb_module *m = rb_module_get(L);
-    int n = 0;
+    int n = rb_lua_stop_servers(m);
     for (lua_dispatcher *ld = m->dispatchers; ld; ld = ld->next) {
         if (ld->d && ld->started && !ld->stopped) {
             rb_dispatcher_stop(ld->d, -1, NULL, NULL);

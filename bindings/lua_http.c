@@ -1,15 +1,24 @@
 /* lua_http.c -- the `relaybus.http` table: request{...} on the module's HTTP transport (one
  * rb_http per module, created on first use), waiting through rb_await so a handler yields and
- * the main chunk blocks; an aborted waiter cuts its transfer. Also hmac_sha256 for webhooks. */
+ * the main chunk blocks; an aborted waiter cuts its transfer. Also what webhooks need around
+ * it: retry_after, hmac_sha256, base64, a constant-time comparison and URL redaction. */
 #include <ctype.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <lua.h>
 #include <lauxlib.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include "base64.h"
+#include "clock.h"
 #include "http.h"
 #include "internal.h"
+#include "text.h"
 
 #define STATE_KEY "relaybus.http.transport"   /* registry: the userdata */
 #define STATE_MT "relaybus.http.transport_mt"
@@ -31,9 +40,9 @@ typedef struct call {
 
 /* ---- the transport of this module ---- */
 
-/* A stop's timeout cuts open transfers, and their waiters get "cut by shutdown". When the
- * state closes (lua_close runs finalizers, in either order with ours) nothing may call back
- * into Lua: the transport is dropped silently instead. */
+/* When the state closes (lua_close runs finalizers, in either order with ours) nothing may call
+ * back into Lua: the transport is dropped silently. (A stopping dispatcher cuts only its own
+ * runs' transfers, through their aborts.) */
 static void on_module_cut(void *ud)
 {
     transport *tp = ud;
@@ -82,7 +91,7 @@ static rb_http *get_transport(lua_State *L)
         lua_setfield(L, -2, "__gc");
     }
     lua_setmetatable(L, -2);
-    transport *tp = calloc(1, sizeof *tp);
+    transport *tp = rb_calloc(1, sizeof *tp);
     if (tp) tp->m = m;
     if (!tp || !(tp->h = rb_http_new(rb_module_loop(m)))) {
         free(tp);
@@ -97,7 +106,8 @@ static rb_http *get_transport(lua_State *L)
 /* ---- reading the options ---- */
 
 static const char *const request_keys[] = {
-    "method", "url", "headers", "body", "timeout", "max_body", "follow_redirects", NULL};
+    "method", "url", "headers", "body", "timeout", "max_body", "truncate_body",
+    "follow_redirects", NULL};
 
 static void check_keys(lua_State *L, int idx)
 {
@@ -123,15 +133,34 @@ static int opt_field(lua_State *L, int idx, const char *key, int want)
     return t != LUA_TNIL;
 }
 
-static int bad_header_text(const char *s, size_t n)
+/* A name for a message: one line, cut short, so a bad name cannot forge a second line. */
+static const char *shown_name(lua_State *L, const char *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0') return 1;
-    return 0;
+    char buf[64];
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (size_t i = 0; i < n && luaL_bufflen(&b) < 40; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f) {
+            snprintf(buf, sizeof buf, "\\x%02x", c);
+            luaL_addstring(&b, buf);
+        } else {
+            luaL_addchar(&b, (char)c);
+        }
+    }
+    luaL_pushresult(&b);
+    return lua_tostring(L, -1);
+}
+
+static int header_named(const char *name, size_t n, const char *want)
+{
+    return n == strlen(want) && strncasecmp(name, want, n) == 0;
 }
 
 /* Turns opts.headers (name -> value) into "Name: value" strings left on the stack; their
- * pointers go to a userdata array, also on the stack, below them. Returns the count. */
+ * pointers go to a userdata array, also on the stack, below them. Returns the count. A name
+ * must be a token and a value must hold no CR, LF or NUL: either could start a header or a
+ * request of its own (request smuggling). */
 static size_t read_headers(lua_State *L, int idx, const char ***out)
 {
     *out = NULL;
@@ -148,13 +177,21 @@ static size_t read_headers(lua_State *L, int idx, const char ***out)
             rb_misuse(L, "http.request: headers must map names to strings");
         size_t nl, vl;
         const char *name = lua_tolstring(L, -2, &nl);
+        lua_pushvalue(L, -1);           /* a number converts on a copy, not on the table's */
         const char *value = lua_tolstring(L, -1, &vl);
-        if (nl == 0 || bad_header_text(name, nl) || bad_header_text(value, vl) ||
-            memchr(name, ':', nl))
-            rb_misuse(L, "http.request: invalid header '%s'", name);
+        if (!rb_http_valid_header_name(name, nl))
+            rb_misuse(L, "http.request: invalid header name '%s': a name is token characters "
+                         "(RFC 9110)", shown_name(L, name, nl));
+        if (!rb_http_valid_header_value(value, vl))
+            rb_misuse(L, "http.request: invalid value of header '%s': CR, LF and NUL are not "
+                         "allowed", shown_name(L, name, nl));
+        if (header_named(name, nl, "content-length") || header_named(name, nl, "transfer-encoding"))
+            rb_misuse(L, "http.request: header '%s' is the transport's: it frames the body itself",
+                      shown_name(L, name, nl));
         /* "Name;" is curl's way to send an empty value ("Name:" would remove the header) */
         const char *line = vl ? lua_pushfstring(L, "%s: %s", name, value)
                               : lua_pushfstring(L, "%s;", name);
+        lua_remove(L, -2);
         lua_insert(L, ht);      /* keep it below the iteration's key and value */
         ht++;
         lines[i++] = line;
@@ -170,13 +207,19 @@ static void read_request(lua_State *L, rb_http_request *req)
                    luaL_typename(L, 1));
     check_keys(L, 1);
     memset(req, 0, sizeof *req);
+    size_t len;
     if (!opt_field(L, 1, "url", LUA_TSTRING))
         rb_misuse(L, "http.request: 'url' is required");
-    req->url = lua_tostring(L, -1);
-    if (opt_field(L, 1, "method", LUA_TSTRING)) req->method = lua_tostring(L, -1);
-    if (req->method && (!*req->method || bad_header_text(req->method, strlen(req->method)) ||
-                        strchr(req->method, ' ')))
-        rb_misuse(L, "http.request: invalid method '%s'", req->method);
+    req->url = lua_tolstring(L, -1, &len);
+    if (!rb_http_valid_url_text(req->url, len) || strlen(req->url) != len)
+        rb_misuse(L, "http.request: invalid url: control characters and spaces must be "
+                     "percent-encoded");
+    if (opt_field(L, 1, "method", LUA_TSTRING)) {
+        req->method = lua_tolstring(L, -1, &len);
+        if (!rb_http_valid_method(req->method, len))
+            rb_misuse(L, "http.request: invalid method '%s': a method is 1 to 32 token "
+                         "characters (RFC 9110)", shown_name(L, req->method, len));
+    }
     if (opt_field(L, 1, "body", LUA_TSTRING)) req->body = lua_tolstring(L, -1, &req->body_len);
     if (opt_field(L, 1, "timeout", LUA_TNUMBER)) {
         req->timeout = lua_tonumber(L, -1);
@@ -187,6 +230,8 @@ static void read_request(lua_State *L, rb_http_request *req)
             rb_misuse(L, "http.request: 'max_body' must be a positive integer");
         req->max_body = (size_t)lua_tointeger(L, -1);
     }
+    if (opt_field(L, 1, "truncate_body", LUA_TBOOLEAN))
+        req->truncate_body = lua_toboolean(L, -1);
     if (opt_field(L, 1, "follow_redirects", LUA_TBOOLEAN))
         req->follow_redirects = lua_toboolean(L, -1);
     const char **lines;
@@ -227,7 +272,7 @@ static int push_result(lua_State *T, const char *err, const rb_http_response *r)
         lua_pushstring(T, err);
         return 2;
     }
-    lua_createtable(T, 0, 3);
+    lua_createtable(T, 0, 5);
     lua_pushinteger(T, r->status);
     lua_setfield(T, -2, "status");
     lua_createtable(T, 0, (int)r->nheaders);
@@ -236,6 +281,14 @@ static int push_result(lua_State *T, const char *err, const rb_http_response *r)
     lua_setfield(T, -2, "headers");
     lua_pushlstring(T, r->body ? r->body : "", r->body_len);
     lua_setfield(T, -2, "body");
+    if (r->truncated) {
+        lua_pushboolean(T, 1);
+        lua_setfield(T, -2, "truncated");
+    }
+    if (r->redirect_url) {
+        lua_pushstring(T, r->redirect_url);
+        lua_setfield(T, -2, "redirect_url");
+    }
     return 1;
 }
 
@@ -264,7 +317,7 @@ static int l_request(lua_State *L)
     rb_http_request req;
     read_request(L, &req);
     rb_http *h = get_transport(L);
-    call *c = calloc(1, sizeof *c);
+    call *c = rb_calloc(1, sizeof *c);
     if (!c) rb_misuse(L, "http.request: out of memory");
     char err[256];
     /* Started before the await begins: a bad URL returns nil, err with nothing to undo. The
@@ -287,6 +340,28 @@ static int l_request(lua_State *L)
     return rb_await_finish(L, w);
 }
 
+/* Pushes bytes in the encoding named by argument `arg`: "hex" (the default), "base64", "raw". */
+static int push_encoded(lua_State *L, int arg, const unsigned char *p, size_t n)
+{
+    static const char *const names[] = {"hex", "base64", "raw", NULL};
+    int how = luaL_checkoption(L, arg, "hex", names);
+    if (how == 2) {
+        lua_pushlstring(L, (const char *)p, n);
+    } else if (how == 1) {
+        char out[RB_BASE64_ENCODED_SIZE(EVP_MAX_MD_SIZE)];
+        lua_pushlstring(L, out, rb_base64_encode(p, n, out));
+    } else {
+        char hex[2 * EVP_MAX_MD_SIZE + 1];
+        for (size_t i = 0; i < n; i++) {
+            hex[2 * i] = "0123456789abcdef"[p[i] >> 4];
+            hex[2 * i + 1] = "0123456789abcdef"[p[i] & 15];
+        }
+        lua_pushlstring(L, hex, 2 * n);
+    }
+    return 1;
+}
+
+/* hmac_sha256(key, data [, "hex"|"base64"|"raw"]) */
 static int l_hmac_sha256(lua_State *L)
 {
     size_t klen, dlen;
@@ -294,14 +369,75 @@ static int l_hmac_sha256(lua_State *L)
     const char *data = luaL_checklstring(L, 2, &dlen);
     unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int maclen = 0;
+    if (klen > INT_MAX) rb_misuse(L, "http.hmac_sha256: the key is too long");
     if (!HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)data, dlen, mac, &maclen))
         rb_misuse(L, "http.hmac_sha256: HMAC failed");
-    char hex[2 * EVP_MAX_MD_SIZE + 1];
-    for (unsigned int i = 0; i < maclen; i++) {
-        hex[2 * i] = "0123456789abcdef"[mac[i] >> 4];
-        hex[2 * i + 1] = "0123456789abcdef"[mac[i] & 15];
+    return push_encoded(L, 3, mac, maclen);
+}
+
+static int l_base64_encode(lua_State *L)
+{
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    if (n > ((size_t)1 << 30)) rb_misuse(L, "http.base64_encode: more than 1 GiB");
+    luaL_Buffer b;
+    char *out = luaL_buffinitsize(L, &b, RB_BASE64_ENCODED_SIZE(n));
+    luaL_pushresultsize(&b, rb_base64_encode((const unsigned char *)s, n, out));
+    return 1;
+}
+
+/* base64_decode(s) -> bytes, or nil, err when s is not base64 */
+static int l_base64_decode(lua_State *L)
+{
+    size_t n, outlen = 0;
+    const char *s = luaL_checklstring(L, 1, &n);
+    luaL_Buffer b;
+    unsigned char *out = (unsigned char *)luaL_buffinitsize(L, &b, n / 4 * 3 + 3);
+    if (rb_base64_decode(s, n, out, &outlen) != 0) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "not base64");
+        return 2;
     }
-    lua_pushlstring(L, hex, 2 * (size_t)maclen);
+    luaL_pushresultsize(&b, outlen);
+    return 1;
+}
+
+/* equal(a, b): compares in time that depends on the lengths only, for signatures. */
+static int l_equal(lua_State *L)
+{
+    size_t an, bn;
+    const char *a = luaL_checklstring(L, 1, &an);
+    const char *b = luaL_checklstring(L, 2, &bn);
+    lua_pushboolean(L, an == bn && CRYPTO_memcmp(a, b, an) == 0);
+    return 1;
+}
+
+/* retry_after(value [, now]) -> seconds from now (epoch s; default the wall clock), or nil */
+static int l_retry_after(lua_State *L)
+{
+    size_t n;
+    const char *v = luaL_optlstring(L, 1, NULL, &n);
+    double now = luaL_optnumber(L, 2, rb_wall_time());
+    if (!isfinite(now)) rb_misuse(L, "http.retry_after: 'now' must be a finite number");
+    double secs;
+    if (!v || strlen(v) != n || !rb_http_retry_after(v, now, &secs)) {
+        lua_pushnil(L);
+        return 1;
+    }
+    lua_pushnumber(L, secs);
+    return 1;
+}
+
+/* redact_url(url): the URL with its user-info password and secret-looking parameters hidden */
+static int l_redact_url(lua_State *L)
+{
+    size_t n;
+    const char *url = luaL_checklstring(L, 1, &n);
+    luaL_Buffer b;
+    size_t cap = 2 * n + 16;            /* each "***" replaces at least a few bytes */
+    char *out = luaL_buffinitsize(L, &b, cap);
+    rb_redact_url(out, cap, url);
+    luaL_pushresultsize(&b, strlen(out));
     return 1;
 }
 
@@ -309,7 +445,12 @@ int rb_lua_open_http(lua_State *L)
 {
     static const luaL_Reg fns[] = {
         {"request", l_request},
+        {"retry_after", l_retry_after},
         {"hmac_sha256", l_hmac_sha256},
+        {"base64_encode", l_base64_encode},
+        {"base64_decode", l_base64_decode},
+        {"equal", l_equal},
+        {"redact_url", l_redact_url},
         {NULL, NULL}};
     luaL_newlib(L, fns);
     return 1;

@@ -2,14 +2,15 @@
  * relaybus.local_leases(), both returning handles with name, deadline, signal, extend and
  * release (runtime/leases.c does the work).
  *
- * A handle can also guard the task that holds it (d:every uses this): at the deadline the
- * task's pending wait ends with nil, "aborted", and Lua code that keeps running is
- * interrupted after the grace, exactly as for a handler whose lease ran out. */
+ * A handle can also run a function as a task it guards (handle:_run, used by d:every): at the
+ * deadline the task's pending wait ends with nil, "aborted", and Lua code that keeps running
+ * is stopped for good after the grace, exactly as for a handler whose lease ran out. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 #include "leases.h"
+#include "text.h"
 
 #define RB_LOCAL_LEASES_MT "relaybus.local_leases"
 
@@ -21,7 +22,7 @@ typedef struct lua_lease {
 } lua_lease;
 
 typedef struct lua_local_leases {
-    rb_store *s;
+    rb_local_leases *ls;
 } lua_local_leases;
 
 static void on_expire(rb_lease *l, void *ud)
@@ -31,7 +32,7 @@ static void on_expire(rb_lease *l, void *ud)
     if (h->signal) rb_signal_fire(h->signal, RB_ABORT_LEASE);
     rb_task *t = h->guarded;
     if (t && !t->done && !t->abort_at) {
-        t->abort_at = rb_monotonic();
+        rb_task_mark_aborted(t);
         rb_task_abort(t);
     }
 }
@@ -84,15 +85,20 @@ static void on_acquired(void *ud, const char *err, rb_lease *l)
     rb_await_resolve(w, nres);
 }
 
-static int try_acquire(lua_State *L, rb_store *s)
+/* store:try_acquire or local:try_acquire (local non-NULL). */
+static int try_acquire(lua_State *L, rb_store *s, rb_local_leases *local)
 {
     size_t len;
-    luaL_checklstring(L, 2, &len);
-    if (len == 0 || len > 255) return rb_misuse(L, "try_acquire: name must be 1 to 255 bytes");
+    const char *name = luaL_checklstring(L, 2, &len);
+    /* The name goes on as a C string and into text columns: a NUL would cut it (two names
+     * would share one lease) and bytes that are not UTF-8 would fail at the store only. */
+    if (len == 0 || len > 255 || strlen(name) != len || !rb_utf8_valid(name, len))
+        return rb_misuse(L, "try_acquire: name must be 1 to 255 bytes of UTF-8 without NUL");
     double duration = luaL_checknumber(L, 3);
-    if (!(duration > 0) || !isfinite(duration)) return rb_misuse(L, "try_acquire: duration must be > 0");
+    if (!(duration > 0) || !rb_valid_seconds(duration))
+        return rb_misuse(L, "try_acquire: duration must be a number of seconds above 0, at most 100 years");
     lua_settop(L, 3);
-    acquire_wait *a = malloc(sizeof *a);
+    acquire_wait *a = rb_malloc(sizeof *a);
     if (!a) return luaL_error(L, "relaybus: out of memory");
     rb_await *w = rb_await_begin(L);
     if (!w) {
@@ -103,24 +109,25 @@ static int try_acquire(lua_State *L, rb_store *s)
     a->m = rb_module_get(L);
     lua_pushvalue(L, 1);
     a->store_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    rb_lease_try_acquire(s, lua_tostring(L, 2), duration, on_acquired, a);
+    if (local) rb_local_lease_try_acquire(local, lua_tostring(L, 2), duration, on_acquired, a);
+    else rb_lease_try_acquire(s, lua_tostring(L, 2), duration, on_acquired, a);
     return rb_await_finish(L, w);
 }
 
-int rb_lua_try_acquire(lua_State *L) { return try_acquire(L, rb_lua_check_store(L, 1)); }
+int rb_lua_try_acquire(lua_State *L) { return try_acquire(L, rb_lua_check_store(L, 1), NULL); }
 
 static int l_local_try_acquire(lua_State *L)
 {
     lua_local_leases *ll = luaL_checkudata(L, 1, RB_LOCAL_LEASES_MT);
-    return try_acquire(L, ll->s);
+    return try_acquire(L, NULL, ll->ls);
 }
 
 int rb_lua_local_leases(lua_State *L)
 {
     rb_module *m = rb_module_get(L);
     lua_local_leases *ll = lua_newuserdatauv(L, sizeof *ll, 0);
-    ll->s = rb_local_leases_new(m->loop);
-    if (!ll->s) return luaL_error(L, "relaybus: out of memory");
+    ll->ls = rb_local_leases_new(m->loop);
+    if (!ll->ls) return luaL_error(L, "relaybus: out of memory");
     luaL_setmetatable(L, RB_LOCAL_LEASES_MT);
     return 1;
 }
@@ -128,8 +135,8 @@ int rb_lua_local_leases(lua_State *L)
 static int l_local_gc(lua_State *L)
 {
     lua_local_leases *ll = luaL_checkudata(L, 1, RB_LOCAL_LEASES_MT);
-    if (ll->s) ll->s->vt->close(ll->s);
-    ll->s = NULL;
+    rb_local_leases_free(ll->ls);
+    ll->ls = NULL;
     return 0;
 }
 
@@ -173,13 +180,14 @@ static int lease_op(lua_State *L, int release)
     double duration = 0;
     if (!release) {
         duration = luaL_optnumber(L, 2, 0);
-        if (duration < 0 || !isfinite(duration)) return rb_misuse(L, "extend: duration must be > 0");
+        if (!rb_valid_seconds(duration))
+            return rb_misuse(L, "extend: duration must be a number of seconds from 0 (the acquire's) to 100 years");
     }
     lua_settop(L, 1);       /* the handle stays on the stack while we wait */
     lua_getiuservalue(L, 1, 2);
     if (luaL_testudata(L, -1, RB_STORE_MT)) rb_lua_check_store(L, -1);  /* raises if closed */
     lua_pop(L, 1);
-    done_wait *dw = malloc(sizeof *dw);
+    done_wait *dw = rb_malloc(sizeof *dw);
     if (!dw) return luaL_error(L, "relaybus: out of memory");
     rb_await *w = rb_await_begin(L);
     if (!w) {
@@ -197,32 +205,75 @@ static int lease_op(lua_State *L, int release)
 static int l_lease_extend(lua_State *L) { return lease_op(L, 0); }
 static int l_lease_release(lua_State *L) { return lease_op(L, 1); }
 
-/* handle:_guard(): the running task is stopped at this lease's deadline (see the top). */
-static int l_lease_guard(lua_State *L)
+/* handle:_run(fn, ...): runs fn(...) as a task of its own, stopped at this lease's deadline
+ * like a handler at its own (waits end with nil, "aborted"; Lua code still running after the
+ * grace is stopped for good), and waits for it: true, or nil and fn's error. */
+typedef struct guarded_run {
+    rb_await *w;
+    lua_lease *h;
+} guarded_run;
+
+static void on_guarded_end(rb_task *t, int ok, const char *err)
 {
-    lua_lease *h = check_handle(L);
-    rb_task *t = rb_task_current(L);
-    if (!t) return rb_misuse(L, "_guard must be called inside a relaybus coroutine");
-    h->guarded = t;
-    t->signal = h->signal;
-    t->deadline = rb_lease_deadline(h->l);
-    t->abort_at = 0;
-    rb_task_install_hook(t);
-    return 0;
+    guarded_run *g = t->ud;
+    rb_await *w = g->w;
+    if (g->h->guarded == t) g->h->guarded = NULL;
+    free(g);
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && ok) {
+        lua_pushboolean(T, 1);
+        nres = 1;
+    } else if (T) {
+        lua_pushnil(T);
+        lua_pushstring(T, err ? err : "error");
+        nres = 2;
+    }
+    t->signal = NULL;
+    rb_task_free(t);
+    rb_await_resolve(w, nres);
 }
 
-static int l_lease_unguard(lua_State *L)
+/* The state closes with the guarded run still waiting: only its record is ours to free (the
+ * caller's wait goes with the caller's task). */
+static void on_guarded_closed(rb_task *t)
+{
+    free(t->ud);
+    t->ud = NULL;
+}
+
+static int l_lease_run(lua_State *L)
 {
     lua_lease *h = check_handle(L);
-    rb_task *t = h->guarded;
-    if (t) {
-        t->signal = NULL;
-        t->deadline = 0;
-        t->abort_at = 0;
-        lua_sethook(t->co, NULL, 0, 0);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (h->guarded) return rb_misuse(L, "_run: this lease already guards a run");
+    rb_module *m = h->m;
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    guarded_run *g = rb_malloc(sizeof *g);
+    if (!g) {
+        free(w);
+        return luaL_error(L, "relaybus: out of memory");
     }
-    h->guarded = NULL;
-    return 0;
+    int nargs = lua_gettop(L) - 2;
+    rb_task *t = rb_task_new(m, m->L, nargs);
+    if (!t) {
+        free(g);
+        free(w);
+        return luaL_error(L, "relaybus: out of memory");
+    }
+    g->w = w;
+    g->h = h;
+    t->ud = g;
+    t->on_end = on_guarded_end;
+    t->on_close = on_guarded_closed;
+    t->signal = h->signal;
+    t->deadline = rb_lease_deadline(h->l);
+    h->guarded = t;
+    lua_xmove(L, t->co, nargs + 1);     /* fn and its arguments */
+    rb_task_install_hook(t);
+    rb_task_start(t, nargs);
+    return rb_await_finish(L, w);
 }
 
 static int l_lease_index(lua_State *L)
@@ -232,11 +283,7 @@ static int l_lease_index(lua_State *L)
     if (h->l && strcmp(k, "name") == 0) lua_pushstring(L, rb_lease_name(h->l));
     else if (h->l && strcmp(k, "deadline") == 0) lua_pushnumber(L, rb_lease_deadline(h->l));
     else if (strcmp(k, "signal") == 0) lua_getiuservalue(L, 1, 1);
-    else {
-        lua_getmetatable(L, 1);
-        lua_getfield(L, -1, "methods");
-        lua_getfield(L, -1, k);
-    }
+    else return rb_push_method(L, 1, k);
     return 1;
 }
 
@@ -251,8 +298,7 @@ static int l_lease_gc(lua_State *L)
 static const luaL_Reg lease_methods[] = {
     {"extend", l_lease_extend},
     {"release", l_lease_release},
-    {"_guard", l_lease_guard},
-    {"_unguard", l_lease_unguard},
+    {"_run", l_lease_run},
     {NULL, NULL}
 };
 

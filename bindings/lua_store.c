@@ -1,18 +1,25 @@
 /* lua_store.c -- stores and transactions as Lua objects: relaybus.open, the store methods
- * (enqueue, get, list, stats, kick, purge, close) and the tx object (enqueue, exec, query,
- * and the document operations the prelude wraps as tx:collection). Each method starts the
- * store's asynchronous operation and waits for it through await.h. */
+ * (enqueue, enqueue_json, enqueue_many, get, list, stats, kick, purge, close, kind, and _begin
+ * under the prelude's store:transaction; try_acquire is lua_leases.c's) and the tx object
+ * (enqueue, enqueue_json, enqueue_many, exec, query, _commit, _rollback, and the document
+ * operations the prelude wraps as tx:collection).
+ * Each method starts the store's asynchronous operation and waits for it through await.h. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "log.h"
 
-typedef struct lua_store {
+struct lua_store {
     rb_store *s;
     rb_module *m;
     int closed;
     lua_State *tx_thread;   /* the thread inside this store's open transaction, or NULL */
-} lua_store;
+    int running;            /* started dispatchers not yet stopped: close() refuses */
+    int users;              /* started dispatchers not yet quiet: close() waits for them */
+    int transactions;       /* open store:transaction transactions: close() refuses */
+    int close_pending;      /* closed for callers; the store itself closes at users == 0 */
+};
 
 typedef struct lua_tx {
     rb_tx *tx;
@@ -22,19 +29,38 @@ typedef struct lua_tx {
     int owned;      /* 1: store:transaction's (commit/rollback allowed); 0: a handler's */
 } lua_tx;
 
+/* 1 when L runs a transactional handler whose transaction is on store s. */
+static int in_handler_tx(lua_State *L, const rb_store *s)
+{
+    rb_task *t = rb_task_current(L);
+    return t && t->run && rb_run_tx(t->run) && rb_dispatcher_store(rb_run_dispatcher(t->run)) == s;
+}
+
 static lua_store *check_lua_store(lua_State *L, int idx)
 {
     lua_store *st = luaL_checkudata(L, idx, RB_STORE_MT);
     if (st->closed) rb_misuse(L, "store is closed");
     /* On a store whose transaction holds everything (SQLite), a call from inside the
      * transaction would wait for the transaction, i.e. for itself. */
-    if (st->tx_thread == L && st->s->vt->tx_exclusive)
-        rb_misuse(L, "this %s store is inside store:transaction here: use the tx object "
-                     "(tx:enqueue, tx:query, tx:exec) until it ends", st->s->vt->name);
+    if (st->s->vt->tx_exclusive && (st->tx_thread == L || in_handler_tx(L, st->s)))
+        rb_misuse(L, "this %s store is inside a transaction here (store:transaction or a "
+                     "transactional handler): use the tx object (tx:enqueue, tx:query, "
+                     "tx:exec) until it ends", st->s->vt->name);
     return st;
 }
 
 rb_store *rb_lua_check_store(lua_State *L, int idx) { return check_lua_store(L, idx)->s; }
+lua_store *rb_lua_store_object(lua_State *L, int idx) { return check_lua_store(L, idx); }
+int rb_lua_store_open(lua_State *L, int idx) { return !((lua_store *)luaL_checkudata(L, idx, RB_STORE_MT))->closed; }
+
+static void close_store(lua_store *st);
+
+void rb_lua_store_use(lua_store *st, int running, int users)
+{
+    st->running += running;
+    st->users += users;
+    if (st->close_pending && st->users == 0) close_store(st);
+}
 
 /* ---- results to Lua ---------------------------------------------------------------------- */
 static void set_num(lua_State *L, const char *k, double v)
@@ -185,6 +211,36 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
     rb_await_resolve(w, nres);
 }
 
+/* store:_topic_stats(): {{topic =, pending =, processing =, completed =, buried =}, ...}
+ * (internal: for `relaybus stats --topics`). */
+static void on_topic_stats(void *ud, const char *err, rb_rowset *rs)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_createtable(T, rs ? (int)rs->nrows : 0, 0);
+        for (size_t i = 0; rs && rs->ncols >= 5 && i < rs->nrows; i++) {
+            const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
+            lua_createtable(T, 0, 5);
+            if (v[0].type == RB_VTEXT) lua_pushlstring(T, v[0].s, v[0].len);
+            else lua_pushliteral(T, "");
+            lua_setfield(T, -2, "topic");
+            static const char *const names[] = {"pending", "processing", "completed", "buried"};
+            for (int c = 1; c < 5; c++) {
+                lua_pushinteger(T, v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT
+                                       ? (lua_Integer)v[c].f : 0);
+                lua_setfield(T, -2, names[c - 1]);
+            }
+            lua_rawseti(T, -2, (lua_Integer)i + 1);
+        }
+        nres = 1;
+    }
+    rb_rowset_free(rs);
+    rb_await_resolve(w, nres);
+}
+
 static void on_done(void *ud, const char *err)
 {
     rb_await *w = ud;
@@ -201,9 +257,25 @@ static void on_done(void *ud, const char *err)
 /* ---- building enqueue items ----------------------------------------------------------------- */
 static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", NULL};
 
+/* A Lua string payload is stored as a JSON string (docs/lua.md, enqueue); one that looks like
+ * JSON text was most likely meant as that, so say once per process where the way is. */
+static void warn_string_payload(lua_State *L, int pi)
+{
+    static _Atomic int warned;   /* once per process */
+    if (warned || lua_type(L, pi) != LUA_TSTRING) return;
+    const char *s = lua_tostring(L, pi);
+    s += strspn(s, " \t\r\n");
+    if (*s != '{' && *s != '[') return;
+    warned = 1;
+    rb_log(RB_LOG_WARN, "payload is a Lua string that looks like JSON text; it is stored as a "
+                        "JSON string (use store:enqueue_json to enqueue JSON text)");
+}
+
 /* Reads topic (at ti), payload (at pi) and opts (at oi) into *it; the JSON text is pushed on
- * L's stack, which keeps it alive for the duration of the call. */
-static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it, const char *what)
+ * L's stack, which keeps it alive for the duration of the call. With is_text the payload is
+ * JSON text already (enqueue_json): it must parse, and is stored as it is. */
+static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it, const char *what,
+                      int is_text)
 {
     memset(it, 0, sizeof *it);
     if (lua_type(L, ti) != LUA_TSTRING || lua_rawlen(L, ti) == 0)
@@ -211,19 +283,32 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
     it->topic = lua_tostring(L, ti);
     /* Stores take C strings: a NUL would silently cut the topic short. */
     if (strlen(it->topic) != lua_rawlen(L, ti)) rb_misuse(L, "%s: topic must not contain a NUL byte", what);
-    if (!rb_json_encode(L, pi))
-        rb_misuse(L, "%s: payload is not JSON-encodable (%s)", what, lua_tostring(L, -1));
+    if (is_text) {
+        char why[400];
+        size_t len;
+        if (lua_type(L, pi) != LUA_TSTRING) rb_misuse(L, "%s: the payload must be JSON text (a string)", what);
+        const char *text = lua_tolstring(L, pi, &len);
+        if (!rb_json_check(text, len, why, sizeof why)) rb_misuse(L, "%s: the payload is %s", what, why);
+        lua_pushvalue(L, pi);
+    } else {
+        warn_string_payload(L, pi);
+        if (!rb_json_encode(L, pi))
+            rb_misuse(L, "%s: payload is not JSON-encodable (%s)", what, lua_tostring(L, -1));
+    }
     it->payload = lua_tostring(L, -1);
     it->max_attempts = 25;
     if (!lua_isnoneornil(L, oi)) {
         rb_check_options(L, oi, what, enqueue_opts);
         it->delay = rb_opt_number(L, oi, "delay", 0);
         it->run_at = rb_opt_number(L, oi, "run_at", 0);
+        if (!(it->run_at >= 0 && it->run_at <= RB_MAX_EPOCH))
+            rb_misuse(L, "%s: run_at must be epoch seconds from 0 to the year 9999", what);
         double ma = rb_opt_number(L, oi, "max_attempts", 25);
         if (!(ma >= 1) || ma != floor(ma) || ma > 1e9)
             rb_misuse(L, "%s: max_attempts must be a positive integer", what);
         it->max_attempts = (int)ma;
-        if (it->delay < 0 || !isfinite(it->delay)) rb_misuse(L, "%s: delay must be >= 0", what);
+        if (!rb_valid_seconds(it->delay))
+            rb_misuse(L, "%s: delay must be a number of seconds from 0 to 100 years", what);
         lua_getfield(L, oi, "key");
         if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
             rb_misuse(L, "%s: key must be a string", what);
@@ -234,11 +319,11 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
     }
 }
 
-static int do_enqueue(lua_State *L, rb_store *s, rb_tx *tx)
+static int do_enqueue(lua_State *L, rb_store *s, rb_tx *tx, int is_text)
 {
     rb_enqueue_item it;
     lua_settop(L, 4);   /* opts at 4 even when absent: read_item pushes above it */
-    read_item(L, 2, 3, 4, &it, "enqueue");
+    read_item(L, 2, 3, 4, &it, is_text ? "enqueue_json" : "enqueue", is_text);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
     if (tx) s->vt->tx_enqueue(tx, &it, 1, on_one_id, w);
@@ -263,7 +348,7 @@ static int do_enqueue_many(lua_State *L, rb_store *s, rb_tx *tx)
         lua_rawgeti(L, e, 1);
         lua_rawgeti(L, e, 2);
         lua_rawgeti(L, e, 3);
-        read_item(L, e + 1, e + 2, e + 3, &items[i], "enqueue_many");
+        read_item(L, e + 1, e + 2, e + 3, &items[i], "enqueue_many", 0);
         /* the strings stay on the stack until the call ends */
     }
     luaL_checkstack(L, 4, NULL);
@@ -277,7 +362,13 @@ static int do_enqueue_many(lua_State *L, rb_store *s, rb_tx *tx)
 /* ---- store methods ------------------------------------------------------------------------- */
 static int l_store_enqueue(lua_State *L)
 {
-    return do_enqueue(L, check_lua_store(L, 1)->s, NULL);
+    return do_enqueue(L, check_lua_store(L, 1)->s, NULL, 0);
+}
+
+/* store:enqueue_json(topic, text [, opts]): the payload as JSON text, kept as given */
+static int l_store_enqueue_json(lua_State *L)
+{
+    return do_enqueue(L, check_lua_store(L, 1)->s, NULL, 1);
 }
 
 static int l_store_enqueue_many(lua_State *L)
@@ -301,21 +392,40 @@ static int l_store_list(lua_State *L)
 {
     rb_store *s = check_lua_store(L, 1)->s;
     rb_check_options(L, 2, "list", list_opts);
-    rb_list_req req = {NULL, NULL, 100};
+    rb_list_req req = {.limit = 100};
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "status");
+        if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+            rb_misuse(L, "list: status must be a string");
         req.status = lua_tostring(L, -1);
         if (req.status && rb_status_parse(req.status) < 0)
             rb_misuse(L, "list: unknown status '%s'", req.status);
         lua_getfield(L, 2, "topic");
+        if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+            rb_misuse(L, "list: topic must be a string");
         req.topic = lua_tostring(L, -1);
         double lim = rb_opt_number(L, 2, "limit", 100);
-        if (!(lim >= 1)) rb_misuse(L, "list: limit must be >= 1");
+        if (!(lim >= 1 && lim <= RB_LIST_MAX) || lim != floor(lim))
+            rb_misuse(L, "list: limit must be an integer from 1 to %d", RB_LIST_MAX);
         req.limit = (size_t)lim;
     }
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
     s->vt->list(s, &req, on_records_list, w);
+    return rb_await_finish(L, w);
+}
+
+static int l_store_topic_stats(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    if (!s->vt->topic_stats) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: counts per topic are not supported here", s->vt->name);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->topic_stats(s, on_topic_stats, w);
     return rb_await_finish(L, w);
 }
 
@@ -364,7 +474,10 @@ static int l_store_purge(lua_State *L)
         rb_misuse(L, "purge: status must be \"completed\" or \"buried\"");
     double older = rb_opt_number(L, 2, "older_than", 0);
     double limit = rb_opt_number(L, 2, "limit", 0);
-    if (older < 0 || limit < 0) rb_misuse(L, "purge: older_than and limit must be >= 0");
+    if (!rb_valid_seconds(older))
+        rb_misuse(L, "purge: older_than must be a number of seconds from 0 to 100 years");
+    if (!(limit >= 0 && limit <= 1e9) || limit != floor(limit))
+        rb_misuse(L, "purge: limit must be an integer from 0 (no limit) to 1e9");
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
     s->vt->purge(s, st, older, (size_t)limit, on_count, w);
@@ -375,6 +488,7 @@ typedef struct begin_wait {
     rb_await *w;
     rb_store *s;
     lua_store *st;
+    int store_ref;          /* the store userdata: the tx object keeps it alive */
 } begin_wait;
 
 /* The tx object is made here, in the callback: a waiting coroutine resumes straight into its
@@ -385,6 +499,7 @@ static void on_begun(void *ud, const char *err, rb_tx *tx)
     rb_store *s = b->s;
     lua_store *st = b->st;
     rb_await *w = b->w;
+    int store_ref = b->store_ref;
     free(b);
     lua_State *T = rb_await_target(w);
     int nres = 0;
@@ -393,12 +508,16 @@ static void on_begun(void *ud, const char *err, rb_tx *tx)
     } else if (err) {
         nres = push_err(T, err);
     } else {
-        rb_push_tx(T, s, tx, 1);
+        lua_rawgeti(T, LUA_REGISTRYINDEX, store_ref);
+        rb_push_tx(T, s, tx, 1, lua_gettop(T));
+        lua_remove(T, -2);
         lua_tx *t = lua_touserdata(T, -1);
         t->owner = st;
         st->tx_thread = T;
+        st->transactions++;
         nres = 1;
     }
+    if (!st->m->closing) luaL_unref(st->m->L, LUA_REGISTRYINDEX, store_ref);
     rb_await_resolve(w, nres);
 }
 
@@ -408,28 +527,57 @@ static int l_store_begin(lua_State *L)
     lua_store *st = check_lua_store(L, 1);
     rb_store *s = st->s;
     if (!s->vt->begin) return push_err(L, "transactions are not supported by this store");
-    begin_wait *b = malloc(sizeof *b);
-    if (!b) return luaL_error(L, "relaybus: out of memory");
     rb_await *w = rb_await_begin(L);
-    if (!w) {
-        free(b);
-        return 2;
+    if (!w) return 2;
+    begin_wait *b = rb_malloc(sizeof *b);
+    if (!b) {
+        free(w);
+        return luaL_error(L, "relaybus: out of memory");
     }
     b->w = w;
     b->s = s;
     b->st = st;
+    lua_pushvalue(L, 1);
+    b->store_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     s->vt->begin(s, on_begun, b);
     return rb_await_finish(L, w);
 }
 
+static void close_store(lua_store *st)
+{
+    st->closed = 1;
+    st->close_pending = 0;
+    if (!st->s) return;
+    st->s->vt->close(st->s);
+    st->s = NULL;
+}
+
+/* store:close(): refused while a dispatcher runs on the store or a transaction of it is open
+ * (they would be left with a freed store under them). After a stop, runs abandoned at its
+ * timeout may still be settling: the store is closed to callers at once and closes itself
+ * when they are done. Operations in flight end with "store closed". */
 static int l_store_close(lua_State *L)
 {
     lua_store *st = luaL_checkudata(L, 1, RB_STORE_MT);
-    if (!st->closed) {
+    if (st->closed) return 0;
+    if (st->running > 0)
+        return rb_misuse(L, "close: the store is in use by a running dispatcher (stop it first)");
+    if (st->transactions > 0)
+        return rb_misuse(L, "close: the store has an open transaction");
+    if (st->users > 0) {
         st->closed = 1;
-        st->s->vt->close(st->s);
-        st->s = NULL;
+        st->close_pending = 1;
+        return 0;
     }
+    close_store(st);
+    return 0;
+}
+
+/* Collected: nothing can use it any more (dispatchers and transactions keep it alive). */
+static int l_store_gc(lua_State *L)
+{
+    lua_store *st = luaL_checkudata(L, 1, RB_STORE_MT);
+    if (st->s) close_store(st);
     return 0;
 }
 
@@ -471,11 +619,33 @@ int rb_lua_open_store(lua_State *L)
     rb_store *s = rb_store_open(m->loop, url, &o, err, sizeof err);
     if (!s) return push_err(L, err[0] ? err : "cannot open store");
     lua_store *st = lua_newuserdatauv(L, sizeof *st, 0);
+    memset(st, 0, sizeof *st);
     st->s = s;
     st->m = m;
-    st->closed = 0;
     luaL_setmetatable(L, RB_STORE_MT);
     return 1;
+}
+
+/* ---- wrapping stores (relaybus._faults) ------------------------------------------------------ */
+/* The closed flag of the store object at idx: nonzero once it is closed. Valid while that
+ * object lives (a wrapper made by rb_lua_push_wrapping_store keeps it alive). */
+const int *rb_lua_store_closed_flag(lua_State *L, int idx)
+{
+    return &check_lua_store(L, idx)->closed;
+}
+
+/* Pushes a store object for s, a store wrapping the one of the object at inner_idx, which the
+ * new object keeps alive. */
+void rb_lua_push_wrapping_store(lua_State *L, rb_store *s, int inner_idx)
+{
+    inner_idx = lua_absindex(L, inner_idx);
+    lua_store *st = lua_newuserdatauv(L, sizeof *st, 1);
+    memset(st, 0, sizeof *st);
+    st->s = s;
+    st->m = rb_module_get(L);
+    luaL_setmetatable(L, RB_STORE_MT);
+    lua_pushvalue(L, inner_idx);
+    lua_setiuservalue(L, -2, 1);
 }
 
 /* ---- transactions --------------------------------------------------------------------------- */
@@ -486,15 +656,18 @@ static lua_tx *check_tx(lua_State *L, int idx)
     return t;
 }
 
-void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned)
+void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned, int store_idx)
 {
-    lua_tx *t = lua_newuserdatauv(L, sizeof *t, 0);
+    store_idx = lua_absindex(L, store_idx);
+    lua_tx *t = lua_newuserdatauv(L, sizeof *t, 1);
     t->tx = tx;
     t->s = s;
     t->owner = NULL;
     t->closed = 0;
     t->owned = owned;
     luaL_setmetatable(L, RB_TX_MT);
+    lua_pushvalue(L, store_idx);
+    lua_setiuservalue(L, -2, 1);    /* the store outlives its transactions */
 }
 
 void rb_tx_invalidate(lua_State *L, int idx)
@@ -506,7 +679,13 @@ void rb_tx_invalidate(lua_State *L, int idx)
 static int l_tx_enqueue(lua_State *L)
 {
     lua_tx *t = check_tx(L, 1);
-    return do_enqueue(L, t->s, t->tx);
+    return do_enqueue(L, t->s, t->tx, 0);
+}
+
+static int l_tx_enqueue_json(lua_State *L)
+{
+    lua_tx *t = check_tx(L, 1);
+    return do_enqueue(L, t->s, t->tx, 1);
 }
 
 static int l_tx_enqueue_many(lua_State *L)
@@ -543,18 +722,6 @@ static rb_value *read_params(lua_State *L, int first, size_t *n)
     return v;
 }
 
-static int l_tx_exec(lua_State *L)
-{
-    lua_tx *t = check_tx(L, 1);
-    const char *sql = luaL_checkstring(L, 2);
-    if (!t->s->vt->tx_exec) return rb_misuse(L, "tx:exec is not available on %s (use tx:collection)", t->s->vt->name);
-    size_t n;
-    rb_value *params = read_params(L, 3, &n);
-    rb_await *w = rb_await_begin(L);
-    if (!w) return 2;
-    t->s->vt->tx_exec(t->tx, sql, params, n, on_count, w);
-    return rb_await_finish(L, w);
-}
 
 static void on_rows(void *ud, const char *err, rb_rowset *rs)
 {
@@ -588,18 +755,25 @@ static void on_rows(void *ud, const char *err, rb_rowset *rs)
     rb_await_resolve(w, nres);
 }
 
-static int l_tx_query(lua_State *L)
+/* tx:exec (answers the count of rows changed) and tx:query (the rows). */
+static int tx_sql(lua_State *L, int rows)
 {
     lua_tx *t = check_tx(L, 1);
     const char *sql = luaL_checkstring(L, 2);
-    if (!t->s->vt->tx_query) return rb_misuse(L, "tx:query is not available on %s (use tx:collection)", t->s->vt->name);
+    if (rows ? !t->s->vt->tx_query : !t->s->vt->tx_exec)
+        return rb_misuse(L, "tx:%s is not available on %s (use tx:collection)",
+                         rows ? "query" : "exec", t->s->vt->name);
     size_t n;
     rb_value *params = read_params(L, 3, &n);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    t->s->vt->tx_query(t->tx, sql, params, n, on_rows, w);
+    if (rows) t->s->vt->tx_query(t->tx, sql, params, n, on_rows, w);
+    else t->s->vt->tx_exec(t->tx, sql, params, n, on_count, w);
     return rb_await_finish(L, w);
 }
+
+static int l_tx_exec(lua_State *L) { return tx_sql(L, 0); }
+static int l_tx_query(lua_State *L) { return tx_sql(L, 1); }
 
 static void on_doc(void *ud, const char *err, const char *doc_json, int64_t count)
 {
@@ -636,10 +810,13 @@ static int l_tx_end(lua_State *L, int commit)
 {
     lua_tx *t = check_tx(L, 1);
     if (!t->owned) return rb_misuse(L, "a handler's transaction commits when the handler returns");
+    rb_await *w = rb_await_begin(L);        /* first: it may raise */
     rb_tx *tx = t->tx;
     t->closed = 1;
-    if (t->owner && t->owner->tx_thread == L) t->owner->tx_thread = NULL;
-    rb_await *w = rb_await_begin(L);
+    if (t->owner) {
+        if (t->owner->tx_thread == L) t->owner->tx_thread = NULL;
+        t->owner->transactions--;
+    }
     if (!w) {
         /* aborted before we could commit: roll back, report aborted */
         t->s->vt->rollback(tx, NULL, NULL);
@@ -659,7 +836,10 @@ static int l_tx_gc(lua_State *L)
     /* A store:transaction tx dropped without commit (its coroutine was abandoned). */
     if (!t->closed && t->owned) {
         t->closed = 1;
-        if (t->owner) t->owner->tx_thread = NULL;
+        if (t->owner) {
+            t->owner->tx_thread = NULL;
+            t->owner->transactions--;
+        }
         rb_module *m = rb_module_get(L);
         if (!m->closing) t->s->vt->rollback(t->tx, NULL, NULL);
     }
@@ -668,10 +848,12 @@ static int l_tx_gc(lua_State *L)
 
 static const luaL_Reg store_methods[] = {
     {"enqueue", l_store_enqueue},
+    {"enqueue_json", l_store_enqueue_json},
     {"enqueue_many", l_store_enqueue_many},
     {"get", l_store_get},
     {"list", l_store_list},
     {"stats", l_store_stats},
+    {"_topic_stats", l_store_topic_stats},
     {"kick", l_store_kick},
     {"purge", l_store_purge},
     {"try_acquire", rb_lua_try_acquire},
@@ -683,6 +865,7 @@ static const luaL_Reg store_methods[] = {
 
 static const luaL_Reg tx_methods[] = {
     {"enqueue", l_tx_enqueue},
+    {"enqueue_json", l_tx_enqueue_json},
     {"enqueue_many", l_tx_enqueue_many},
     {"exec", l_tx_exec},
     {"query", l_tx_query},
@@ -694,7 +877,7 @@ static const luaL_Reg tx_methods[] = {
 
 void rb_lua_store_register(lua_State *L)
 {
-    rb_register_class(L, RB_STORE_MT, store_methods, NULL, l_store_close);
+    rb_register_class(L, RB_STORE_MT, store_methods, NULL, l_store_gc);
     luaL_getmetatable(L, RB_STORE_MT);
     lua_pushcfunction(L, l_store_tostring);
     lua_setfield(L, -2, "__tostring");

@@ -13,8 +13,8 @@ rb_module *rb_module_get(lua_State *L);
 struct ev_loop *rb_module_loop(rb_module *m);
 lua_State *rb_module_main(rb_module *m);
 
-/* Transports register here: fn(ud) is called when a stop reaches its timeout (open transfers
- * are cut) and when the Lua state closes. */
+/* Transports register here: fn(ud) is called when the Lua state closes, to drop their open
+ * transfers without calling back into Lua. */
 void rb_module_on_cut(rb_module *m, void (*fn)(void *ud), void *ud);
 
 /* Sub-modules: each pushes one table or function. */

@@ -3,14 +3,24 @@
  *
  * A task's coroutine keeps a pointer to its rb_task in lua_getextraspace, so any C function
  * can tell whether it runs inside a relaybus coroutine (then it yields) or in the main chunk
- * (then it runs the loop until the result arrives). An abort ends the pending wait at once;
- * a count hook reads the clock itself so that Lua code that never yields is still stopped. */
+ * (then it runs the loop until the result arrives). An abort ends the pending wait at once,
+ * and a wait that completes after its run's deadline returns nil, "aborted" all the same (the
+ * process may have been frozen meanwhile); a truthful wait (rb_await_truthful: a settle that
+ * was sent) is the exception, it always reports what the store answered.
+ *
+ * Lua code that keeps running past its deadline plus the grace is stopped for good: a count
+ * hook reads the clock every thousand instructions (and at the next instruction once the
+ * watchdog says the time has come, watchdog.c) and yields the coroutine from inside the hook.
+ * A yield cannot be caught by pcall, and the coroutine is never resumed again, so none of the
+ * run's Lua code runs after that, whatever it wraps itself in. Coroutines the handler creates
+ * inherit the hook (lua_newthread copies it) and are stopped the same way. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 #include "log.h"
+#include "list.h"
 
 struct rb_await {
     rb_task *task;          /* NULL when the caller blocks (main chunk) */
@@ -18,11 +28,17 @@ struct rb_await {
     int done, nres;
     int yielded;            /* the task is suspended in this wait */
     int abandoned;          /* the waiter gave up (abort); results are dropped */
+    int truthful;           /* not ended by an abort (rb_await_truthful) */
     void (*cancel)(void *ud);
     void *cancel_ud;
 };
 
-static void task_resume(rb_task *t, int nargs);
+static void task_resume_with(rb_task *t, int nargs, int truthful);
+static void task_resume(rb_task *t, int nargs) { task_resume_with(t, nargs, 0); }
+
+/* The innermost task whose lua_resume is on this thread's stack: the owner of a coroutine of
+ * the handler's own, which has no task of its own. */
+static _Thread_local rb_task *running_task;
 
 rb_task *rb_task_current(lua_State *L)
 {
@@ -34,9 +50,16 @@ rb_task *rb_task_current(lua_State *L)
 static void guard_check(rb_task *t, double now)
 {
     if (t->deadline > 0 && !t->abort_at && now >= t->deadline) {
-        t->abort_at = now;
+        rb_task_mark_aborted(t);
         if (t->signal) rb_signal_fire(t->signal, RB_ABORT_LEASE);
     }
+}
+
+void rb_task_mark_aborted(rb_task *t)
+{
+    if (t->abort_at > 0) return;
+    t->abort_at = rb_monotonic();
+    t->abort_seen = t->running;
 }
 
 int rb_task_is_aborted(rb_task *t)
@@ -52,12 +75,19 @@ int rb_task_is_aborted(rb_task *t)
 rb_await *rb_await_begin(lua_State *L)
 {
     rb_task *t = rb_task_current(L);
+    /* Outside a relaybus coroutine a wait runs the loop until its result comes. Inside the
+     * loop (a coroutine of a handler's own, a callback of the host's) that would be a nested
+     * loop waiting on operations queued behind the very callback it runs in: refuse. */
+    if (!t && ev_depth(rb_module_get(L)->loop) > 0)
+        rb_misuse(L, "this call waits for I/O and cannot here: inside the event loop it must "
+                     "run in a relaybus coroutine (a handler or a relaybus.spawn task), not in "
+                     "a coroutine of your own or in a callback");
     if (t && rb_task_is_aborted(t)) {
         lua_pushnil(L);
         lua_pushliteral(L, "aborted");
         return NULL;
     }
-    rb_await *w = calloc(1, sizeof *w);
+    rb_await *w = rb_calloc(1, sizeof *w);
     if (!w) luaL_error(L, "relaybus: out of memory");
     w->task = t;
     w->L = L;
@@ -86,6 +116,8 @@ int rb_await_finish(lua_State *L, rb_await *w)
 
 lua_State *rb_await_target(rb_await *w) { return w->abandoned ? NULL : w->L; }
 
+void rb_await_truthful(rb_await *w) { w->truthful = 1; }
+
 void rb_await_on_cancel(rb_await *w, void (*cancel)(void *ud), void *ud)
 {
     w->cancel = cancel;
@@ -100,9 +132,18 @@ void rb_await_resolve(rb_await *w, int nresults)
     }
     if (w->yielded) {
         rb_task *t = w->task;
+        int truthful = w->truthful;
         t->wait = NULL;
         free(w);
-        task_resume(t, nresults);
+        /* A result that comes after the run's deadline (a frozen process, a loop held by a
+         * sibling) must not tell the run to go on: another worker may own the delivery now. */
+        if (!truthful && rb_task_is_aborted(t) && !t->done) {
+            lua_pop(t->co, nresults);
+            lua_pushnil(t->co);
+            lua_pushliteral(t->co, "aborted");
+            nresults = 2;
+        }
+        task_resume_with(t, nresults, truthful);
         return;
     }
     w->done = 1;
@@ -116,7 +157,7 @@ void rb_await_resolve(rb_await *w, int nresults)
 void rb_task_abort(rb_task *t)
 {
     rb_await *w = t->wait;
-    if (!w || !w->yielded) return;
+    if (!w || !w->yielded || w->truthful) return;
     t->wait = NULL;
     if (w->cancel) {
         w->cancel(w->cancel_ud);
@@ -135,7 +176,7 @@ static void on_yield_idle(struct ev_loop *loop, ev_idle *w, int revents)
 {
     (void)revents;
     rb_task *t = w->data;
-    ev_idle_stop(loop, w);
+    rb_idle_stop(loop, (rb_idle *)w);
     t->extra_yield = 0;
     task_resume(t, 0);
 }
@@ -144,36 +185,120 @@ static void task_end(rb_task *t, int ok, const char *err)
 {
     t->done = 1;
     rb_module *m = t->m;
-    ev_idle_stop(m->loop, &t->yield_watcher);
+    rb_idle_stop(m->loop, &t->yield_watcher);
     /* on_end owns what follows (it may free t) */
     if (t->on_end) t->on_end(t, ok, err);
 }
 
-static void task_resume(rb_task *t, int nargs)
+/* The error value on top of L as text for a C string: any value (a table, nil) is described,
+ * and a NUL inside, which would cut the text short, becomes U+FFFD. */
+static const char *error_text(lua_State *L)
 {
-    if (t->done || t->running || t->m->closing) return;
+    if (lua_isnil(L, -1)) return "error (nil)";
+    size_t len;
+    const char *msg = lua_isstring(L, -1) ? lua_tolstring(L, -1, &len) : luaL_tolstring(L, -1, &len);
+    if (!memchr(msg, 0, len)) return msg;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (size_t i = 0; i < len; i++) {
+        if (msg[i]) luaL_addchar(&b, msg[i]);
+        else luaL_addstring(&b, "\xef\xbf\xbd");
+    }
+    luaL_pushresult(&b);
+    return lua_tostring(L, -1);
+}
+
+/* When t's Lua code must have stopped: the grace after its abort, or after its deadline while
+ * the abort has not been delivered. A run that was waiting when its deadline passed (a frozen
+ * process, a loop held by a sibling) learns of the abort when the wait ends, and has the grace
+ * from then to return (every wait it makes fails); a run busy past its deadline has it from
+ * the deadline (rb_task_hook). INFINITY for a task nothing limits. */
+static double kill_time(const rb_task *t)
+{
+    if (t->abort_at > 0) return t->abort_at + RB_ABORT_GRACE;
+    if (t->run) return rb_run_deadline(t->run) + RB_ABORT_GRACE;
+    if (t->deadline > 0) return t->deadline + RB_ABORT_GRACE;
+    return INFINITY;
+}
+
+/* Puts a resume off to the next step: this step's budget is spent. */
+static void defer(rb_task *t, int nargs, int truthful)
+{
+    rb_module *m = t->m;
+    t->deferred = 1;
+    t->deferred_nargs = nargs;
+    t->deferred_truthful = truthful;
+    RB_FIFO_PUSH_ON(&m->deferred, t, deferred_next);
+}
+
+static int over_budget(const rb_module *m)
+{
+    return m->step_deadline > 0 && rb_monotonic() > m->step_deadline;
+}
+
+void rb_task_run_deferred(rb_module *m)
+{
+    while (!RB_FIFO_EMPTY(&m->deferred) && !over_budget(m) && !m->closing) {
+        rb_task *t;
+        RB_FIFO_POP_ON(&m->deferred, &t, deferred_next);
+        t->deferred = 0;
+        int nargs = t->deferred_nargs, truthful = t->deferred_truthful;
+        /* it waited for this step: a deadline that passed meanwhile still decides */
+        if (!truthful && rb_task_is_aborted(t) && !t->done) {
+            lua_pop(t->co, nargs);
+            lua_pushnil(t->co);
+            lua_pushliteral(t->co, "aborted");
+            nargs = 2;
+        }
+        task_resume_with(t, nargs, truthful);
+    }
+}
+
+/* Resumes t with nargs values on its stack; truthful: they are a settle's answer, which a
+ * deadline never replaces (see rb_await_truthful). */
+static void task_resume_with(rb_task *t, int nargs, int truthful)
+{
+    if (t->done || t->running || t->killed || t->deferred || t->m->closing) return;
+    if (over_budget(t->m)) {
+        defer(t, nargs, truthful);
+        return;
+    }
+    if (t->abort_at > 0 && !t->abort_seen) {
+        /* Aborted while it waited: its code learns of it only now (a settle's answer may come
+         * long after the abort, a loop held elsewhere may resume it late), so the grace to
+         * return counts from this resume, once. */
+        t->abort_seen = 1;
+        double now = rb_monotonic();
+        if (now > t->abort_at) t->abort_at = now;
+    }
     int nres = 0;
+    rb_task *outer = running_task;
+    running_task = t;
     t->running = 1;
+    rb_watch outer_watch = rb_watchdog_enter(t->m->watchdog, t->co, kill_time(t));
     int st = lua_resume(t->co, NULL, nargs, &nres);
+    rb_watchdog_leave(t->m->watchdog, outer_watch);
     t->running = 0;
+    running_task = outer;
+    if (t->killed) {
+        /* Stopped in the hook (a yield, or an error where a yield was not possible). The
+         * coroutine is left as it is and never resumed. */
+        task_end(t, 0, "interrupted");
+        return;
+    }
     if (st == LUA_YIELD) {
         if (t->wait) return;        /* suspended in one of our waits */
         /* A bare coroutine.yield(): treat it as sleep(0) and go on next iteration. */
         lua_pop(t->co, nres);
         t->extra_yield = 1;
-        ev_idle_start(t->m->loop, &t->yield_watcher);
+        rb_idle_start(t->m->loop, &t->yield_watcher);
         return;
     }
     if (st == LUA_OK) {
         task_end(t, 1, NULL);
         return;
     }
-    /* An error: turn any error value (a table, nil) into a one-line message. */
-    const char *msg;
-    if (lua_isstring(t->co, -1)) msg = lua_tostring(t->co, -1);
-    else if (lua_isnil(t->co, -1)) msg = "error (nil)";
-    else msg = luaL_tolstring(t->co, -1, NULL);
-    task_end(t, 0, msg);
+    task_end(t, 0, error_text(t->co));
 }
 
 /* Finished coroutines are kept for the next task: a run costs no new lua_State. */
@@ -192,21 +317,29 @@ rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs)
         t->co = co;
         t->co_ref = ref;
     } else {
-        t = calloc(1, sizeof *t);
-        if (!t) luaL_error(L, "relaybus: out of memory");
+        t = rb_calloc(1, sizeof *t);
+        if (!t) return NULL;        /* callers may be loop callbacks: never raise here */
         t->co = lua_newthread(L);
         t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     }
     t->m = m;
+    RB_LIST_PUSH_ON(&m->live, t, live_prev, live_next);
     *(rb_task **)lua_getextraspace(t->co) = t;
-    ev_idle_init(&t->yield_watcher, on_yield_idle);
-    t->yield_watcher.data = t;
+    rb_idle_init(&t->yield_watcher, on_yield_idle);
+    t->yield_watcher.w.data = t;
     return t;
+}
+
+static void unlink_live(rb_task *t)
+{
+    rb_module *m = t->m;
+    RB_LIST_REMOVE_ON(&m->live, t, live_prev, live_next);
 }
 
 void rb_task_free(rb_task *t)
 {
     rb_module *m = t->m;
+    unlink_live(t);
     if (m->closing) {
         free(t);
         return;
@@ -227,36 +360,59 @@ void rb_task_free(rb_task *t)
 /* The function and its nargs arguments must already be on t->co's stack. */
 void rb_task_start(rb_task *t, int nargs) { task_resume(t, nargs); }
 
-/* ---- interrupting Lua code that does not yield ------------------------------------------- */
-static void count_hook(lua_State *L, lua_Debug *ar)
+/* ---- stopping Lua code that does not yield ----------------------------------------------- */
+/* Stops t for good from inside the hook running on L (t's coroutine or one of its own). */
+static void kill_task(lua_State *L, rb_task *t, double now)
+{
+    if (!t->killed) {
+        t->killed = 1;
+        const char *why = t->signal && t->signal->reason_name ? t->signal->reason_name : "abort";
+        static rb_log_limit lim;
+        rb_log_limited(&lim, RB_LOG_WARN, "%s %s stopped %.2fs after its %s abort: it did "
+                       "not return (long computations must yield now and then, e.g. "
+                       "ctx:sleep(0))", t->run ? "handler of" : "task",
+                       t->run ? rb_run_delivery(t->run)->id : "guarded by a lease",
+                       now - (kill_time(t) - RB_ABORT_GRACE), why);
+    }
+    /* From here every instruction of this coroutine and of the task's comes back here. */
+    lua_sethook(L, rb_task_hook, LUA_MASKCOUNT, 1);
+    if (L != t->co) lua_sethook(t->co, rb_task_hook, LUA_MASKCOUNT, 1);
+    if (lua_isyieldable(L)) {
+        lua_yield(L, 0);        /* inside a hook: takes effect when the hook returns */
+        return;
+    }
+    /* Inside a C call that cannot yield (a table.sort comparator...): unwind it; the next
+     * instruction outside it yields. */
+    luaL_error(L, "relaybus: interrupted: the run is past its deadline");
+}
+
+void rb_task_hook(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
     rb_task *t = rb_task_current(L);
-    if (!t || !t->running) return;
+    if (!t) t = running_task;           /* a coroutine the task created */
+    if (!t || !t->running || t->done) return;
     double now = rb_monotonic();
-    if (t->run) {
-        if (!t->abort_at && now >= rb_run_deadline(t->run)) rb_run_check(t->run);
-    } else {
-        guard_check(t, now);
+    if (now < kill_time(t) - RB_ABORT_GRACE) return;
+    if (!t->abort_at) {
+        /* The deadline passed while this code ran (not while it waited): the abort counts from
+         * the deadline, so code kept busy in C past it gets no grace anew. */
+        double deadline = kill_time(t) - RB_ABORT_GRACE;
+        rb_task_is_aborted(t);          /* delivers the abort (signal, waits) */
+        if (t->abort_at > deadline) t->abort_at = deadline;
     }
-    if (t->abort_at && now >= t->abort_at + RB_ABORT_GRACE) {
-        const char *why = t->signal && t->signal->reason_name ? t->signal->reason_name : "abort";
-        char msg[256];
-        snprintf(msg, sizeof msg, "relaybus: interrupted %.2fs after its %s abort (it did not "
-                 "yield: long computations must yield now and then, e.g. ctx:sleep(0))",
-                 now - t->abort_at, why);
-        luaL_error(L, "%s", msg);
-    }
+    if (t->killed || now >= kill_time(t)) kill_task(L, t, now);
+    else lua_sethook(L, rb_task_hook, LUA_MASKCOUNT, 1);   /* within the grace: watch closely */
 }
 
 void rb_task_install_hook(rb_task *t)
 {
-    lua_sethook(t->co, count_hook, LUA_MASKCOUNT, 1000);
+    lua_sethook(t->co, rb_task_hook, LUA_MASKCOUNT, 1000);
 }
 
 /* ---- relaybus.sleep and relaybus.spawn ------------------------------------------------------ */
 typedef struct sleep_wait {
-    ev_timer timer;
+    rb_timer timer;
     rb_await *w;
     struct ev_loop *loop;
 } sleep_wait;
@@ -275,27 +431,29 @@ static void on_sleep_done(struct ev_loop *loop, ev_timer *timer, int revents)
 static void cancel_sleep(void *ud)
 {
     sleep_wait *s = ud;
-    ev_timer_stop(s->loop, &s->timer);
+    rb_timer_stop(s->loop, &s->timer);
     free(s);
 }
 
 int rb_lua_sleep(lua_State *L)
 {
     double secs = luaL_checknumber(L, lua_gettop(L) >= 2 && lua_isuserdata(L, 1) ? 2 : 1);
-    if (!(secs >= 0)) secs = 0;
+    if (isnan(secs) || secs > RB_MAX_SECONDS)
+        return rb_misuse(L, "sleep: seconds must be a number up to 100 years");
+    if (secs < 0) secs = 0;
     rb_module *m = rb_module_get(L);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    sleep_wait *s = calloc(1, sizeof *s);
+    sleep_wait *s = rb_calloc(1, sizeof *s);
     if (!s) {
         free(w);
         return luaL_error(L, "relaybus: out of memory");
     }
     s->w = w;
     s->loop = m->loop;
-    ev_timer_init(&s->timer, on_sleep_done, secs, 0);
-    s->timer.data = s;
-    ev_timer_start(m->loop, &s->timer);
+    rb_timer_init(&s->timer, on_sleep_done, secs, 0);
+    s->timer.w.data = s;
+    rb_timer_start(m->loop, &s->timer);
     rb_await_on_cancel(w, cancel_sleep, s);
     return rb_await_finish(L, w);
 }
@@ -303,9 +461,10 @@ int rb_lua_sleep(lua_State *L)
 static void on_spawned_end(rb_task *t, int ok, const char *err)
 {
     rb_module *m = t->m;
-    if (!ok) rb_log(RB_LOG_ERROR, "task failed: %s", err);
+    static rb_log_limit lim;
+    if (!ok) rb_log_limited(&lim, RB_LOG_ERROR, "task failed: %s", err);
     if (!t->daemon) m->ntasks--;
-    ev_break(m->loop, EVBREAK_ONE);     /* relaybus.run() may be waiting for this */
+    rb_module_wake_run(m);
     rb_task_free(t);
 }
 
@@ -315,6 +474,7 @@ static int spawn(lua_State *L, int daemon)
     rb_module *m = rb_module_get(L);
     int nargs = lua_gettop(L) - 1;
     rb_task *t = rb_task_new(m, m->L, nargs);
+    if (!t) return luaL_error(L, "relaybus: out of memory");
     t->on_end = on_spawned_end;
     t->daemon = daemon;
     if (!daemon) m->ntasks++;
@@ -328,3 +488,23 @@ int rb_lua_spawn(lua_State *L) { return spawn(L, 0); }
 /* relaybus._daemon(fn, ...): a task of the runtime's own (every, retention) that run() does
  * not wait for. */
 int rb_lua_spawn_daemon(lua_State *L) { return spawn(L, 1); }
+
+/* A task still alive when its state closes waits for something that will never come: its C
+ * structs go with it. A sleep's wait is cancelled (its timer is on the module's loop, which
+ * is still there); other waits belong to objects already collected, and are only freed. */
+void rb_task_close_live(rb_module *m)
+{
+    while (m->live) {
+        rb_task *t = m->live;
+        unlink_live(t);
+        rb_await *w = t->wait;
+        t->wait = NULL;
+        if (w && w->yielded) {
+            if (w->cancel == cancel_sleep) w->cancel(w->cancel_ud);
+            free(w);
+        }
+        rb_idle_stop(m->loop, &t->yield_watcher);
+        if (t->on_close) t->on_close(t);
+        free(t);
+    }
+}

@@ -1,6 +1,15 @@
 -- cli.lua -- the subcommands of the `relaybus` command (run, enqueue, stats, list, kick, purge,
 -- migrate), compiled into build/relaybus by the Makefile. cmd/main.c calls this chunk with a
 -- table of host helpers followed by the command-line arguments; it returns the exit status.
+-- Called with the string "module" instead, it runs nothing and returns its parts: the parser
+-- (parse(argv) -> command, or nil and a usage message) and the formatters, for the specs and
+-- fuzz/cli_fuzz.c.
+--
+-- Parsing and running are apart: parse() checks every argument and builds a command table
+-- without touching a store, the environment or the terminal; commands[NAME] carries it out.
+-- Everything shown to a person goes through show(), which makes it one inert line: control
+-- characters, invalid UTF-8 and the Unicode controls that reorder text are written as
+-- escapes, and store URLs appear only redacted.
 local host = ...
 local argv = table.pack(select(2, ...))
 local relaybus = require "relaybus"
@@ -8,6 +17,11 @@ local json = relaybus.json
 
 local DEFAULT_STORE = "sqlite:relaybus.db"
 local EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+local MAX_COUNT = 2147483647            -- the stores keep limits in 32 bits
+local MAX_COUNTS = { ["max-attempts"] = 1000000000,   -- what store:enqueue accepts
+                     limit = 1000000 }                -- and store:list
+local MAX_SECONDS = 100 * 365.25 * 86400  -- RB_MAX_SECONDS, the longest delay or age accepted
+local SHOWN_MAX = 200                   -- characters of one argument quoted in a message
 
 -- A failure ends the command with one line on stderr and an exit status.
 local Exit = {}
@@ -18,8 +32,185 @@ end
 local function usage(fmt, ...) fail(EXIT_USAGE, fmt, ...) end
 local function runtime(fmt, ...) fail(EXIT_FAIL, fmt, ...) end
 
-local function oneline(s)
-  return (tostring(s):gsub("[\r\n]+", " "))
+------------------------------------------------------------------------------------------
+-- Text for a terminal
+
+-- The code point at s[i] and its length, or nil when no valid UTF-8 sequence starts there
+-- (utf8.len is strict: no overlong forms, surrogates or values past U+10FFFF).
+local function char_at(s, i)
+  local b = s:byte(i)
+  if b < 0x80 then return b, 1 end
+  if b < 0xc2 or b > 0xf4 or not utf8.len(s, i, i) then return nil end
+  local cp = utf8.codepoint(s, i)
+  return cp, cp < 0x800 and 2 or cp < 0x10000 and 3 or 4
+end
+
+-- Code points a terminal acts on or that change how the text around them reads: C0, DEL,
+-- C1 (0x9b is CSI on some terminals), and the invisible format controls (bidi overrides and
+-- isolates, zero-width characters, line and paragraph separators).
+local function is_control(cp)
+  return cp < 0x20 or (cp >= 0x7f and cp < 0xa0) or cp == 0x61c or cp == 0xfeff
+    or (cp >= 0x200b and cp <= 0x200f) or (cp >= 0x2028 and cp <= 0x202e)
+    or (cp >= 0x2060 and cp <= 0x2069)
+end
+
+-- s as one inert line of at most max characters (then "…"): \xNN for control bytes and
+-- invalid UTF-8, \u{NNNN} for other control characters. message: runs of whitespace become
+-- one space first (for error texts, which are often several lines). Outside messages a
+-- backslash is doubled, so a stored "\\x0a" never reads as the escape of a newline.
+local function show(s, max, message)
+  s = tostring(s)
+  if message then s = s:gsub("[ \t\r\n\v\f]+", " "):gsub("^ ", ""):gsub(" $", "") end
+  max = max or math.huge
+  if not s:find("[^\32-\126]") and (message or not s:find("\\", 1, true)) and #s <= max then
+    return s
+  end
+  local out, n, i = {}, 0, 1
+  while i <= #s do
+    if n >= max then out[#out + 1] = "…"; break end
+    local cp, len = char_at(s, i)
+    if not cp then
+      out[#out + 1] = string.format("\\x%02x", s:byte(i))
+      len = 1
+    elseif cp == 0x5c and not message then
+      out[#out + 1] = "\\\\"
+    elseif cp < 0x80 and is_control(cp) then
+      out[#out + 1] = string.format("\\x%02x", cp)
+    elseif is_control(cp) then
+      out[#out + 1] = string.format("\\u{%x}", cp)
+    else
+      out[#out + 1] = s:sub(i, i + len - 1)
+    end
+    n = n + 1
+    i = i + len
+  end
+  return table.concat(out)
+end
+
+-- An argument quoted in a message: a URL only redacted, and shown inert.
+local function show_arg(a)
+  return show(relaybus._redact_url(a), SHOWN_MAX)
+end
+
+-- The store URLs this run has seen: their secrets are taken out of every message.
+local urls = {}
+local function scrub(text)
+  for _, url in ipairs(urls) do text = relaybus._redact_secrets(text, url) end
+  return text
+end
+
+------------------------------------------------------------------------------------------
+-- Formatting
+
+local DAY, YEAR = 86400, 365.25 * 86400
+local MIN_TIME, MAX_TIME = -62135596800, 253402300799   -- 0001-01-01, 9999-12-31 23:59:59
+
+local function finite(v)
+  return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge
+end
+
+-- A duration for a person: 4.2s, 3m07s, 5h02m, 12d03h, 31y; "-" for no number.
+local function fmt_duration(s)
+  if type(s) ~= "number" or s ~= s then return "-" end
+  s = s + 0.0     -- a float: -math.mininteger is math.mininteger again
+  if s < 0 then return "-" .. fmt_duration(-s) end
+  if s < 60 then return string.format("%.1fs", s) end
+  s = math.floor(s)
+  if s < 3600 then return string.format("%dm%02ds", s // 60, s % 60) end
+  if s < DAY then return string.format("%dh%02dm", s // 3600, s % 3600 // 60) end
+  if s < 1000 * DAY then return string.format("%dd%02dh", s // DAY, s % DAY // 3600) end
+  if s < 10000 * YEAR then return string.format("%dy", math.floor(s / YEAR)) end
+  return ">9999y"
+end
+
+-- Epoch seconds as a UTC time; a time os.date cannot show (or a year of five digits) says so.
+local function fmt_time(t)
+  if type(t) ~= "number" or t ~= t then return "-" end
+  t = math.floor(t)
+  if t < MIN_TIME then return "before 0001" end
+  if t > MAX_TIME then return "after 9999" end
+  return os.date("!%Y-%m-%d %H:%M:%S", math.tointeger(t))
+end
+
+-- An integer field (attempts, fence) whatever the store returned.
+local function fmt_int(v)
+  if type(v) ~= "number" then return v == nil and "-" or show(v, 20) end
+  return math.tointeger(v) and string.format("%d", v) or tostring(v)
+end
+
+local function width(s)
+  return utf8.len(s) or #s
+end
+
+-- Prints rows (arrays of strings already shown) as aligned columns; align[i] == "r"
+-- right-aligns column i.
+local function print_table(header, rows, align)
+  local w = {}
+  for i, h in ipairs(header) do w[i] = width(h) end
+  for _, r in ipairs(rows) do
+    for i = 1, #header do w[i] = math.max(w[i], width(r[i])) end
+  end
+  local function line(r)
+    local cells = {}
+    for i = 1, #header do
+      local pad = string.rep(" ", w[i] - width(r[i]))
+      if i == #header then
+        cells[i] = align[i] == "r" and pad .. r[i] or r[i]
+      else
+        cells[i] = align[i] == "r" and pad .. r[i] or r[i] .. pad
+      end
+    end
+    io.stdout:write(table.concat(cells, "  "), "\n")
+  end
+  line(header)
+  for _, r in ipairs(rows) do line(r) end
+end
+
+------------------------------------------------------------------------------------------
+-- JSON output: always valid JSON, also for what a store holds that JSON cannot (invalid
+-- UTF-8 becomes U+FFFD, an infinite time null), and inert on a terminal.
+
+local NULL = json.decode("[null]")[1]
+
+local function utf8_clean(s)
+  if utf8.len(s) then return s end
+  local out, i = {}, 1
+  while i <= #s do
+    local cp, len = char_at(s, i)
+    out[#out + 1] = cp and s:sub(i, i + len - 1) or "\u{fffd}"
+    i = i + (len or 1)
+  end
+  return table.concat(out)
+end
+
+local function json_safe(v, depth)
+  local t = type(v)
+  if t == "string" then return utf8_clean(v) end
+  if t == "number" then return finite(v) and v or NULL end
+  if t ~= "table" or depth > 100 then return v end
+  local out = {}
+  for k, x in pairs(v) do
+    out[type(k) == "string" and utf8_clean(k) or k] = json_safe(x, depth + 1)
+  end
+  return out
+end
+
+-- Raw control characters past what cjson escapes (C1, bidi controls...) as \u escapes: in
+-- JSON text such characters occur only inside strings, where the escape means the same.
+local function json_text(v)
+  local ok, text = pcall(json.encode, json_safe(v, 0))
+  if not ok then runtime("cannot write JSON: %s", show(text, SHOWN_MAX, true)) end
+  return (text:gsub("[\xc2-\xf4][\x80-\xbf]+", function(c)
+    local cp = utf8.codepoint(c)
+    return is_control(cp) and string.format("\\u%04x", cp) or c
+  end))
+end
+
+-- JSON of an array that stays an array when empty.
+local function json_array(list)
+  local parts = {}
+  for i, v in ipairs(list) do parts[i] = json_text(v) end
+  return "[" .. table.concat(parts, ",") .. "]"
 end
 
 ------------------------------------------------------------------------------------------
@@ -27,7 +218,8 @@ end
 
 local STORE_HELP = [[
   --store URL       the store (else $RELAYBUS_STORE, else sqlite:relaybus.db):
-                    sqlite:PATH, sqlite::memory:, postgresql://..., mongodb://.../DB
+                    sqlite:PATH, sqlite::memory:, postgresql://... (or postgres://...),
+                    mongodb://.../DB
   --table NAME      the deliveries table or collection (default relaybus_deliveries)
   -h, --help        this help]]
 
@@ -45,14 +237,25 @@ Commands:
   kick ID | --buried     put buried deliveries back to pending
   purge                  delete settled deliveries
   migrate                create or upgrade the schema
+  dashboard [STORE-URL]  serve the web dashboard, /metrics and the JSON API
   help [COMMAND]         this help, or a command's
 
 Every command takes:
 ]] .. STORE_HELP .. [[
 
 
-Exit status: 0 success, 1 runtime failure, 2 usage error.
-Run `relaybus COMMAND --help` for a command's options.]]
+stats, list, kick and purge never create a schema: on a store without one they fail (run
+`relaybus migrate` first); enqueue and migrate create it. An option may be given once.
+
+Environment:
+  RELAYBUS_STORE    the store when --store is not given
+  RELAYBUS_DASHBOARD_TOKEN  the dashboard's token when --token is not given
+  RELAYBUS_LOG      what the library logs on stderr: debug, info (the default here: raises,
+                    burials and lost leases are logged), warn, error or off; json
+                    writes each line (at info) as one JSON object, for log shippers
+
+Exit status: 0 success, 1 runtime failure, 2 usage error; a failure prints one line on
+stderr. Run `relaybus COMMAND --help` for a command's options.]]
 
 HELP.run = [[
 Usage: relaybus run [--store URL] SCRIPT [ARGS...]
@@ -64,12 +267,15 @@ second signal exits at once. Options must come before SCRIPT; everything after i
 script's. --store sets RELAYBUS_STORE for the script.
 
 Options:
-]] .. STORE_HELP
+  --store URL       sets RELAYBUS_STORE for the script
+  -h, --help        this help]]
 
 HELP.enqueue = [[
 Usage: relaybus enqueue TOPIC [JSON] [OPTIONS]
 
-Adds one delivery of TOPIC with the payload JSON (default {}) and prints its id.
+Adds one delivery of TOPIC with the payload JSON (default {}) and prints its id. The text
+is stored as given (store:enqueue_json), so numbers keep every digit. Creates the schema if
+the store has none.
 
 Options:
   --delay S         run no sooner than S seconds from now
@@ -84,13 +290,15 @@ Usage: relaybus stats [OPTIONS]
 Prints the number of deliveries by status, how many are due, and the age of the oldest due.
 
 Options:
+  --topics          counts per topic and status instead (a table, or with --json an array)
   --json            print a JSON object instead of a table
 ]] .. STORE_HELP
 
 HELP.list = [[
 Usage: relaybus list [OPTIONS]
 
-Lists deliveries, oldest first.
+Lists deliveries, oldest first. Control characters in what the store holds are shown as
+escapes (\x1b); --json keeps them in valid JSON.
 
 Options:
   --status S        only pending, processing, completed or buried deliveries
@@ -131,60 +339,99 @@ Options:
 ]] .. STORE_HELP
 
 ------------------------------------------------------------------------------------------
--- Option parsing
+-- Parsing: argv -> a command table, or a usage error. Runs nothing.
 
--- spec: option name -> "flag" | "string" | "number" | "count" (integer >= 1) | "seconds"
-local COMMON = { store = "string", table = "string", help = "flag" }
+-- Option kinds: "flag", "string" (not empty), "store", "table", "seconds" (a decimal number
+-- from 0 to MAX_SECONDS), "count" (a whole number from 1 to MAX_COUNTS[name] or MAX_COUNT).
+local COMMON = { store = "store", table = "table", help = "flag" }
+
+local SPECS = {
+  run = { options = { store = "store", help = "flag" }, stop_at_positional = true },
+  enqueue = { options = { delay = "seconds", key = "string", ["max-attempts"] = "count" } },
+  stats = { options = { json = "flag", topics = "flag" } },
+  list = { options = { status = "string", topic = "string", limit = "count", json = "flag" } },
+  kick = { options = { buried = "flag" } },
+  purge = { options = { completed = "flag", buried = "flag", ["older-than"] = "seconds" } },
+  migrate = { options = {} },
+  dashboard = { options = { listen = "string", token = "string" } },
+}
+
+local function decimal(v)
+  return v:match("^%d+%.?%d*$") or v:match("^%.%d+$")
+    or v:match("^%d+%.?%d*[eE][-+]?%d+$") or v:match("^%.%d+[eE][-+]?%d+$")
+end
 
 local function check_value(cmd, name, kind, v)
-  if kind == "number" or kind == "seconds" then
-    local n = tonumber(v)
-    if not n or n ~= n or n == math.huge or n == -math.huge then
-      usage("%s: --%s needs a number, got '%s'", cmd, name, v)
+  if kind == "seconds" then
+    if v:match("^%-") then usage("%s: --%s must not be negative, got '%s'", cmd, name, show_arg(v)) end
+    local n = decimal(v) and tonumber(v)
+    if not n or not finite(n) then
+      usage("%s: --%s needs a number of seconds, got '%s'", cmd, name, show_arg(v))
     end
-    if n < 0 then usage("%s: --%s must not be negative", cmd, name) end
+    if n > MAX_SECONDS then
+      usage("%s: --%s must be at most %d seconds (100 years), got '%s'", cmd, name,
+            math.floor(MAX_SECONDS), show_arg(v))
+    end
     return n
   elseif kind == "count" then
-    local n = math.tointeger(tonumber(v))
-    if not n or n < 1 then usage("%s: --%s needs a positive integer, got '%s'", cmd, name, v) end
+    local max = MAX_COUNTS[name] or MAX_COUNT
+    local n = v:match("^%d+$") and #v <= 10 and math.tointeger(tonumber(v))
+    if not n or n < 1 or n > max then
+      usage("%s: --%s needs a whole number from 1 to %d, got '%s'", cmd, name, max, show_arg(v))
+    end
     return n
+  elseif kind == "table" then
+    if not v:match("^[%a_][%w_]*$") or #v > 63 then
+      usage("%s: --table needs a name of letters, digits and _ (at most 63, not starting "
+            .. "with a digit), got '%s'", cmd, show_arg(v))
+    end
+  elseif v == "" then
+    usage("%s: --%s must not be empty", cmd, name)
   end
   return v
 end
 
--- Parses args[first..last] against spec; returns options and the positional arguments.
--- stop_at_positional: the first positional argument ends option parsing (for `run`).
-local function parse(cmd, args, first, spec, stop_at_positional)
+-- Parses args[first..args.n] against the command's options; returns options and the
+-- positional arguments. stop_at_positional: the first positional argument ends the options
+-- (for `run`: the rest is the script's).
+local function parse_options(cmd, args, first, spec)
   local opts, pos = {}, {}
+  local allowed = spec.options
   local i = first
   while i <= args.n do
     local a = args[i]
     if a == "--" then
       for j = i + 1, args.n do pos[#pos + 1] = args[j] end
       break
-    elseif a == "-h" then
+    elseif a == "-h" or a == "--help" then
       opts.help = true
     elseif a:sub(1, 2) == "--" and #a > 2 then
       local name, value = a:match("^%-%-([^=]+)=(.*)$")
       name = name or a:sub(3)
-      local kind = spec[name] or COMMON[name]
-      if not kind then usage("%s: unknown option --%s (see relaybus %s --help)", cmd, name, cmd) end
+      local kind = allowed[name] or (cmd ~= "run" and COMMON[name])
+      if not kind then
+        usage("%s: unknown option --%s (see relaybus %s --help)", cmd, show_arg(name), cmd)
+      end
+      if opts[name] ~= nil then usage("%s: --%s given twice", cmd, name) end
       if kind == "flag" then
         if value then usage("%s: --%s takes no value", cmd, name) end
         opts[name] = true
       else
         if not value then
+          -- `--store --json` lacks the URL; it does not name a store called "--json"
+          value = args[i + 1]
+          if value == nil or (value:sub(1, 2) == "--" and #value > 2) then
+            usage("%s: --%s needs a value", cmd, name)
+          end
           i = i + 1
-          value = args[i]
-          if value == nil then usage("%s: --%s needs a value", cmd, name) end
         end
         opts[name] = check_value(cmd, name, kind, value)
       end
     elseif a:sub(1, 1) == "-" and #a > 1 then
-      usage("%s: unknown option %s (see relaybus %s --help)", cmd, a, cmd)
+      usage("%s: unknown option %s (see relaybus %s --help)", cmd, show_arg(a), cmd)
     else
       pos[#pos + 1] = a
-      if stop_at_positional then
+      if spec.stop_at_positional then
         for j = i + 1, args.n do pos[#pos + 1] = args[j] end
         break
       end
@@ -194,97 +441,192 @@ local function parse(cmd, args, first, spec, stop_at_positional)
   return opts, pos
 end
 
-local function help(cmd)
-  io.stdout:write(HELP[cmd], "\n")
-  return EXIT_OK
+local function max_args(cmd, pos, n)
+  if #pos > n then usage("%s: unexpected argument '%s'", cmd, show_arg(pos[n + 1])) end
 end
 
-local function max_args(cmd, pos, n)
-  if #pos > n then usage("%s: unexpected argument '%s'", cmd, pos[n + 1]) end
+local STATUSES = { pending = true, processing = true, completed = true, buried = true }
+
+HELP.dashboard = [[
+Usage: relaybus dashboard [--listen HOST:PORT] [--token T] [STORE-URL]
+
+Serves the web dashboard of the store (counts, a chart, deliveries, kick/bury/delete),
+Prometheus metrics at /metrics and the JSON API under /api/, and prints its URL. Runs until
+SIGINT or SIGTERM, then stops gracefully. Without a token it is read-only: actions answer
+403. With one (--token, else $RELAYBUS_DASHBOARD_TOKEN; at least 8 characters) actions
+need the header `Authorization: Bearer T`.
+
+Options:
+  --listen HOST:PORT  the address (default 127.0.0.1:8480; [::1]:PORT for IPv6; port 0
+                      picks a free one). Anything but loopback exposes it to the network.
+  --token T           the token that allows actions
+]] .. STORE_HELP
+
+-- What each command needs beyond its options; fills c from the positional arguments.
+local CHECKS = {}
+
+function CHECKS.run(c, pos)
+  c.script = pos[1]
+  if not c.script then usage("run: missing SCRIPT (see relaybus run --help)") end
+  if c.script == "" then usage("run: SCRIPT must not be empty") end
+  c.script_args = table.move(pos, 2, #pos, 1, {})
+end
+
+function CHECKS.enqueue(c, pos)
+  c.topic = pos[1]
+  if not c.topic then usage("enqueue: missing TOPIC (see relaybus enqueue --help)") end
+  if c.topic == "" then usage("enqueue: TOPIC must not be empty") end
+  max_args("enqueue", pos, 2)
+  -- The text is stored as given (enqueue_json); it is checked here, so a payload that is not
+  -- JSON is a usage error whatever the store.
+  c.text = pos[2] or "{}"
+  local ok, v, err = pcall(json.decode, c.text)
+  if not ok then err = v end
+  if not ok or (v == nil and err ~= nil) then
+    usage("enqueue: invalid JSON payload: %s", show(err, SHOWN_MAX, true))
+  end
+end
+
+function CHECKS.stats(c, pos) max_args("stats", pos, 0) end
+
+function CHECKS.list(c, pos)
+  max_args("list", pos, 0)
+  local st = c.opts.status
+  if st and not STATUSES[st] then
+    usage("list: --status must be pending, processing, completed or buried, got '%s'", show_arg(st))
+  end
+end
+
+function CHECKS.kick(c, pos)
+  max_args("kick", pos, 1)
+  c.id = pos[1]
+  if c.opts.buried and c.id then usage("kick: give an ID or --buried, not both") end
+  if not c.opts.buried and not c.id then usage("kick: missing ID or --buried (see relaybus kick --help)") end
+  if c.id == "" then usage("kick: ID must not be empty") end
+end
+
+function CHECKS.purge(c, pos)
+  max_args("purge", pos, 0)
+  if not c.opts.completed and not c.opts.buried then
+    usage("purge: say what to delete: --completed and/or --buried (see relaybus purge --help)")
+  end
+  if c.opts["older-than"] == nil then usage("purge: missing --older-than S (0 for all)") end
+end
+
+function CHECKS.migrate(c, pos) max_args("migrate", pos, 0) end
+
+function CHECKS.dashboard(c, pos)
+  max_args("dashboard", pos, 1)
+  if pos[1] then
+    if c.store then usage("dashboard: give the store as --store or as STORE-URL, not both") end
+    if pos[1] == "" then usage("dashboard: STORE-URL must not be empty") end
+    c.store = pos[1]
+  end
+  local l = c.opts.listen
+  if l and not l:match("^.+:%d+$") then
+    usage("dashboard: --listen must be HOST:PORT, got '%s'", show_arg(l))
+  end
+  if c.opts.token and #c.opts.token < 8 then usage("dashboard: --token must be at least 8 characters") end
+end
+
+local function parse_argv(args)
+  local given = args
+  args = { n = given.n or #given }
+  for i = 1, args.n do
+    local a = given[i]
+    args[i] = a
+    if type(a) ~= "string" then usage("argument %d is not a string", i) end
+    -- C strings end at a NUL: what reached the store would not be what was given
+    if a:find("\0", 1, true) then usage("argument %d contains a NUL byte", i) end
+  end
+  -- Options before the command (relaybus --store URL stats) apply to it.
+  local pre = {}
+  local i = 1
+  while i <= args.n and args[i]:sub(1, 1) == "-" do
+    local a = args[i]
+    if a == "-h" or a == "--help" then return { name = "help", topic = "main" } end
+    if a == "--version" then return { name = "version" } end
+    local name, value = a:match("^%-%-([^=]+)=(.*)$")
+    name = name or a:match("^%-%-(.+)$")
+    if not COMMON[name] or name == "help" then
+      usage("unknown option %s (see relaybus --help)", show_arg(a))
+    end
+    if not value then
+      value = args[i + 1]
+      if value == nil or (value:sub(1, 2) == "--" and #value > 2) then
+        usage("--%s needs a value", name)
+      end
+      i = i + 1
+    end
+    pre[#pre + 1] = "--" .. name .. "=" .. value
+    i = i + 1
+  end
+  local name = args[i]
+  if name == nil then usage("missing command (see relaybus --help)") end
+  if name == "help" then
+    local topic = args[i + 1]
+    if args.n > i + 1 then usage("help: unexpected argument '%s'", show_arg(args[i + 2])) end
+    if topic == nil then return { name = "help", topic = "main" } end
+    if not SPECS[topic] then usage("help: unknown command '%s'", show_arg(topic)) end
+    return { name = "help", topic = topic }
+  end
+  local spec = SPECS[name]
+  if not spec then usage("unknown command '%s' (see relaybus --help)", show_arg(name)) end
+  -- Global options go right before the command's own, so that both count as given.
+  local cargs = { n = 0 }
+  for _, v in ipairs(pre) do cargs.n = cargs.n + 1; cargs[cargs.n] = v end
+  for j = i + 1, args.n do cargs.n = cargs.n + 1; cargs[cargs.n] = args[j] end
+  local opts, pos = parse_options(name, cargs, 1, spec)
+  if opts.help then return { name = "help", topic = name } end
+  local c = { name = name, opts = opts, store = opts.store, table = opts.table }
+  CHECKS[name](c, pos)
+  return c
+end
+
+-- parse(argv): the command argv (an array, n = its length) asks for, or nil and the usage
+-- message (one line). Any other error is a bug.
+local function parse(args)
+  local ok, c = pcall(parse_argv, args)
+  if ok then return c end
+  if getmetatable(c) == Exit then return nil, c.msg end
+  error(c, 0)
+end
+
+if host == "module" then
+  return { parse = parse, show = show, fmt_time = fmt_time, fmt_duration = fmt_duration,
+           json_text = json_text, EXIT_USAGE = EXIT_USAGE }
 end
 
 ------------------------------------------------------------------------------------------
 -- Store access
 
-local function store_url(opts)
-  local url = opts.store or os.getenv("RELAYBUS_STORE")
+local function store_url(c)
+  local url = c.store or os.getenv("RELAYBUS_STORE")
   if url == nil or url == "" then url = DEFAULT_STORE end
+  urls[#urls + 1] = url
   return url
 end
 
-local function open_store(opts)
-  local url = store_url(opts)
-  local ok, store, err = pcall(relaybus.open, url, { table = opts.table })
-  if not ok then runtime("cannot open store %s: %s", url, oneline(store)) end
-  if not store then runtime("cannot open store %s: %s", url, oneline(err or "unknown error")) end
-  return store
+-- Opens the command's store. Without migrate (the read-only commands) a store without the
+-- schema fails, and nothing is created.
+local function open_store(c, migrate)
+  local url = store_url(c)
+  local ok, store, err = pcall(relaybus.open, url, { table = c.table, migrate = migrate })
+  if ok and store then return store end
+  runtime("%s: cannot open store %s: %s", c.name, show_arg(url),
+          show(scrub(tostring(ok and err or store or "unknown error")), nil, true))
 end
 
--- Calls store:method(...); a runtime failure (nil, err) ends the command with exit 1.
-local function call(cmd, store, method, ...)
-  local r = table.pack(store[method](store, ...))
-  if r[1] == nil then runtime("%s: %s", cmd, oneline(r[2] or "failed")) end
-  return table.unpack(r, 1, r.n)
-end
-
-------------------------------------------------------------------------------------------
--- Formatting
-
-local function fmt_duration(s)
-  if s == nil then return "-" end
-  s = tonumber(s) or 0
-  if s < 0 then return "-" .. fmt_duration(-s) end
-  if s < 60 then return string.format("%.1fs", s) end
-  if s < 3600 then return string.format("%dm%02ds", s // 60, math.floor(s % 60)) end
-  if s < 86400 then return string.format("%dh%02dm", s // 3600, math.floor(s % 3600 // 60)) end
-  return string.format("%dd%02dh", s // 86400, math.floor(s % 86400 // 3600))
-end
-
-local function fmt_time(t)
-  if t == nil or type(t) ~= "number" then return "-" end
-  return os.date("!%Y-%m-%d %H:%M:%S", math.floor(t))
-end
-
-local function truncate(s, n)
-  s = oneline(s)
-  if utf8.len(s) and utf8.len(s) > n then
-    return s:sub(1, utf8.offset(s, n) - 1) .. "…"
+-- Calls store:method(...); a runtime failure (nil, err), or a value the library refuses
+-- (a raise), ends the command with exit 1.
+local function call(c, store, method, ...)
+  local r = table.pack(pcall(store[method], store, ...))
+  local err = not r[1] and r[2] or r[2] == nil and (r[3] or "failed")
+  if err then
+    err = tostring(err):gsub("^relaybus: ", "")
+    runtime("%s: %s", c.name, show(scrub(err), nil, true))
   end
-  return s
-end
-
-local function width(s)
-  return utf8.len(s) or #s
-end
-
--- Prints rows (arrays of strings) as aligned columns; align[i] == "r" right-aligns column i.
-local function print_table(header, rows, align)
-  local w = {}
-  for i, h in ipairs(header) do w[i] = width(h) end
-  for _, r in ipairs(rows) do
-    for i = 1, #header do w[i] = math.max(w[i], width(r[i])) end
-  end
-  local function line(r)
-    local cells = {}
-    for i = 1, #header do
-      local pad = string.rep(" ", w[i] - width(r[i]))
-      if i == #header then
-        cells[i] = align[i] == "r" and pad .. r[i] or r[i]
-      else
-        cells[i] = align[i] == "r" and pad .. r[i] or r[i] .. pad
-      end
-    end
-    io.stdout:write(table.concat(cells, "  "), "\n")
-  end
-  line(header)
-  for _, r in ipairs(rows) do line(r) end
-end
-
--- JSON of an array that stays an array when empty.
-local function json_array(list)
-  local parts = {}
-  for i, v in ipairs(list) do parts[i] = json.encode(v) end
-  return "[" .. table.concat(parts, ",") .. "]"
+  return table.unpack(r, 2, r.n)
 end
 
 ------------------------------------------------------------------------------------------
@@ -292,19 +634,29 @@ end
 
 local commands = {}
 
-function commands.run(args)
-  local opts, pos = parse("run", args, 2, {}, true)
-  if opts.help then return help("run") end
-  local script = pos[1]
-  if not script then usage("run: missing SCRIPT (see relaybus run --help)") end
-  if opts.store then host.setenv("RELAYBUS_STORE", opts.store) end
+function commands.help(c)
+  io.stdout:write(HELP[c.topic], "\n")
+  return EXIT_OK
+end
 
+function commands.version()
+  io.stdout:write("relaybus ", relaybus._VERSION or "", "\n")
+  return EXIT_OK
+end
+
+function commands.run(c)
+  if c.store then
+    urls[#urls + 1] = c.store
+    host.setenv("RELAYBUS_STORE", c.store)
+  end
+  if os.getenv("RELAYBUS_STORE") then urls[#urls + 1] = os.getenv("RELAYBUS_STORE") end
+  local script = c.script
   local chunk, err = loadfile(script ~= "-" and script or nil)
-  if not chunk then runtime("%s", oneline(err)) end
+  if not chunk then runtime("%s", show(scrub(err), nil, true)) end
 
   -- The script's arguments, as lua5.4 gives them.
   local sarg = { [0] = script }
-  for i = 2, #pos do sarg[i - 1] = pos[i] end
+  for i, a in ipairs(c.script_args) do sarg[i] = a end
   sarg[-1] = "run"
   sarg[-2] = arg and arg[0] or "relaybus"
   _G.arg = sarg
@@ -314,62 +666,67 @@ function commands.run(args)
     local mt = getmetatable(e)
     if mt and mt.__tostring then return tostring(e) end
     return "(error object is a " .. type(e) .. " value)"
-  end, table.unpack(pos, 2))
+  end, table.unpack(c.script_args))
   if not ok then
-    io.stderr:write("relaybus: ", oneline(serr), "\n")
+    io.stderr:write("relaybus: ", show(scrub(tostring(serr)), nil, true), "\n")
     io.stderr:flush()
     -- Stop what the script started, gracefully, before failing.
     host.stop_all()
-    pcall(relaybus.run)
+    if host.busy() > 0 then pcall(relaybus.run) end
     return EXIT_FAIL
   end
-  relaybus.run()
+  -- Keep running while the script left something running; a script that set up handlers and
+  -- forgot to start them is told so.
+  if host.busy() > 0 then
+    relaybus.run()
+  elseif relaybus._unstarted() > 0 then
+    io.stderr:write("relaybus: the script made a dispatcher with handlers but never started it",
+                    " (call d:start())\n")
+  end
   return EXIT_OK
 end
 
-function commands.enqueue(args)
-  local opts, pos = parse("enqueue", args, 2,
-    { delay = "seconds", key = "string", ["max-attempts"] = "count" })
-  if opts.help then return help("enqueue") end
-  local topic = pos[1]
-  if not topic then usage("enqueue: missing TOPIC (see relaybus enqueue --help)") end
-  if topic == "" then usage("enqueue: TOPIC must not be empty") end
-  max_args("enqueue", pos, 2)
-  local payload = {}
-  if pos[2] then
-    local ok, v, err = pcall(json.decode, pos[2])
-    if not ok then err = v end
-    if not ok or (v == nil and err ~= nil) then
-      usage("enqueue: invalid JSON payload: %s", oneline(err))
-    end
-    payload = v   -- JSON null: nil, an absent payload
-  end
-  local eopts = { delay = opts.delay, key = opts.key, max_attempts = opts["max-attempts"] }
-  local store = open_store(opts)
-  local id = call("enqueue", store, "enqueue", topic, payload, eopts)
-  io.stdout:write(tostring(id), "\n")
+function commands.enqueue(c)
+  local eopts = { delay = c.opts.delay, key = c.opts.key, max_attempts = c.opts["max-attempts"] }
+  local store = open_store(c, true)
+  local id = call(c, store, "enqueue_json", c.topic, c.text, eopts)
+  io.stdout:write(show(id), "\n")
   store:close()
   return EXIT_OK
 end
 
 local STAT_KEYS = { "pending", "processing", "completed", "buried", "due", "oldest_due_age" }
 
-function commands.stats(args)
-  local opts, pos = parse("stats", args, 2, { json = "flag" })
-  if opts.help then return help("stats") end
-  max_args("stats", pos, 0)
-  local store = open_store(opts)
-  local s = call("stats", store, "stats")
-  if opts.json then
-    io.stdout:write(json.encode(s), "\n")
+function commands.stats(c)
+  local store = open_store(c, false)
+  if c.opts.topics then
+    local rows = call(c, store, "_topic_stats")
+    if c.opts.json then
+      io.stdout:write(json_array(rows), "\n")
+    else
+      local out = {}
+      for _, t in ipairs(rows) do
+        out[#out + 1] = { show(t.topic, 40), fmt_int(t.pending), fmt_int(t.processing),
+                          fmt_int(t.completed), fmt_int(t.buried) }
+      end
+      print_table({ "TOPIC", "PENDING", "PROCESSING", "COMPLETED", "BURIED" }, out,
+                  { "l", "r", "r", "r", "r" })
+      if #out == 0 then io.stderr:write("(no deliveries)\n") end
+    end
+    store:close()
+    return EXIT_OK
+  end
+  local s = call(c, store, "stats")
+  if c.opts.json then
+    io.stdout:write(json_text(s), "\n")
   else
     local rows = {}
     for _, k in ipairs(STAT_KEYS) do
       local v = s[k]
       if k == "oldest_due_age" then
-        v = (v and (s.due or 0) > 0) and fmt_duration(v) or "-"
+        v = (v and (tonumber(s.due) or 0) > 0) and fmt_duration(v) or "-"
       else
-        v = tostring(v or 0)
+        v = fmt_int(v or 0)
       end
       rows[#rows + 1] = { k, v }
     end
@@ -379,41 +736,34 @@ function commands.stats(args)
   return EXIT_OK
 end
 
-local STATUSES = { pending = true, processing = true, completed = true, buried = true }
-
-function commands.list(args)
-  local opts, pos = parse("list", args, 2,
-    { status = "string", topic = "string", limit = "count", json = "flag" })
-  if opts.help then return help("list") end
-  max_args("list", pos, 0)
-  if opts.status and not STATUSES[opts.status] then
-    usage("list: --status must be pending, processing, completed or buried, got '%s'", opts.status)
+-- When a delivery runs (pending) or its lease ends (processing), from now.
+local function fmt_due(d, now)
+  if d.status == "pending" then
+    local wait = (tonumber(d.run_at) or now) - now
+    return wait > 0 and ("in " .. fmt_duration(wait)) or "now"
+  elseif d.status == "processing" then
+    local left = (tonumber(d.lease_expires_at) or now) - now
+    return left > 0 and ("lease " .. fmt_duration(left)) or "lease expired"
   end
-  local store = open_store(opts)
-  local rows = call("list", store, "list",
-    { status = opts.status, topic = opts.topic, limit = opts.limit or 100 })
-  if opts.json then
+  return "-"
+end
+
+function commands.list(c)
+  local store = open_store(c, false)
+  local rows = call(c, store, "list",
+    { status = c.opts.status, topic = c.opts.topic, limit = c.opts.limit or 100 })
+  if c.opts.json then
     io.stdout:write(json_array(rows), "\n")
   else
     local now = relaybus.time()
     local out = {}
     for _, d in ipairs(rows) do
-      local due
-      if d.status == "pending" then
-        local wait = (d.run_at or now) - now
-        due = wait > 0 and ("in " .. fmt_duration(wait)) or "now"
-      elseif d.status == "processing" then
-        local left = (d.lease_expires_at or now) - now
-        due = left > 0 and ("lease " .. fmt_duration(left)) or "lease expired"
-      else
-        due = "-"
-      end
       out[#out + 1] = {
-        tostring(d.id), truncate(d.topic or "", 24), d.status or "?",
-        string.format("%d/%d", d.attempts or 0, d.max_attempts or 0),
-        tostring(d.fence or 0), fmt_time(d.created_at), due,
-        d.key and truncate(d.key, 20) or "-",
-        d.last_error and truncate(d.last_error, 40) or "-",
+        show(d.id, 40), show(d.topic or "", 24), show(d.status or "?", 12),
+        fmt_int(d.attempts) .. "/" .. fmt_int(d.max_attempts),
+        fmt_int(d.fence), fmt_time(d.created_at), fmt_due(d, now),
+        d.key and show(d.key, 20) or "-",
+        d.last_error and show(d.last_error, 40, true) or "-",
       }
     end
     print_table({ "ID", "TOPIC", "STATUS", "ATTEMPTS", "FENCE", "CREATED (UTC)", "RUN",
@@ -425,59 +775,57 @@ function commands.list(args)
   return EXIT_OK
 end
 
-function commands.kick(args)
-  local opts, pos = parse("kick", args, 2, { buried = "flag" })
-  if opts.help then return help("kick") end
-  max_args("kick", pos, 1)
-  if opts.buried and pos[1] then usage("kick: give an ID or --buried, not both") end
-  if not opts.buried and not pos[1] then usage("kick: missing ID or --buried (see relaybus kick --help)") end
-  local store = open_store(opts)
+function commands.kick(c)
+  local store = open_store(c, false)
   local n
-  if opts.buried then
-    n = call("kick", store, "kick", { status = "buried" })
+  if c.opts.buried then
+    n = call(c, store, "kick", { status = "buried" })
   else
-    n = call("kick", store, "kick", pos[1])
+    n = call(c, store, "kick", c.id)
     if n == 0 then
       store:close()
-      runtime("kick: delivery %s is not buried or does not exist", pos[1])
+      runtime("kick: delivery %s is not buried or does not exist", show_arg(c.id))
     end
   end
-  io.stdout:write(tostring(n), "\n")
+  io.stdout:write(fmt_int(n), "\n")
   store:close()
   return EXIT_OK
 end
 
-function commands.purge(args)
-  local opts, pos = parse("purge", args, 2,
-    { completed = "flag", buried = "flag", ["older-than"] = "seconds" })
-  if opts.help then return help("purge") end
-  max_args("purge", pos, 0)
-  if not opts.completed and not opts.buried then
-    usage("purge: say what to delete: --completed and/or --buried (see relaybus purge --help)")
-  end
-  if opts["older-than"] == nil then usage("purge: missing --older-than S (0 for all)") end
-  local store = open_store(opts)
+function commands.purge(c)
+  local store = open_store(c, false)
   local total = 0
-  for _, status in ipairs{ "completed", "buried" } do
-    if opts[status] then
-      total = total + call("purge", store, "purge", { status = status, older_than = opts["older-than"] })
+  for _, status in ipairs { "completed", "buried" } do
+    if c.opts[status] then
+      total = total + call(c, store, "purge", { status = status, older_than = c.opts["older-than"] })
     end
   end
-  io.stdout:write(tostring(total), "\n")
+  io.stdout:write(fmt_int(total), "\n")
   store:close()
   return EXIT_OK
 end
 
-function commands.migrate(args)
-  local opts, pos = parse("migrate", args, 2, {})
-  if opts.help then return help("migrate") end
-  max_args("migrate", pos, 0)
-  local url = store_url(opts)
-  local ok, store, err = pcall(relaybus.open, url, { table = opts.table, migrate = true })
-  if not ok then runtime("migrate: %s: %s", url, oneline(store)) end
-  if not store then runtime("migrate: %s: %s", url, oneline(err or "unknown error")) end
+function commands.migrate(c)
+  local store = open_store(c, true)
   store:close()
-  io.stdout:write("schema up to date: ", url, "\n")
+  io.stdout:write("schema up to date: ", show_arg(urls[#urls]), "\n")
+  return EXIT_OK
+end
+
+function commands.dashboard(c)
+  local store = open_store(c, false)
+  local ok, srv, err = pcall(relaybus.serve, { store = store, listen = c.opts.listen,
+                                                token = c.opts.token })
+  if not ok or not srv then
+    store:close()
+    runtime("dashboard: %s", show(scrub(tostring(ok and err or srv)), nil, true))
+  end
+  local token = c.opts.token or os.getenv("RELAYBUS_DASHBOARD_TOKEN")
+  io.stdout:write("relaybus dashboard: ", srv:url(),
+                  (token and token ~= "") and "" or " (read-only: no token)", "\n")
+  io.stdout:flush()
+  relaybus.run()      -- until SIGINT/SIGTERM stops the server
+  store:close()
   return EXIT_OK
 end
 
@@ -485,47 +833,9 @@ end
 -- Entry
 
 local function main()
-  -- Options before the command (relaybus --store URL stats) apply to it.
-  local pre = {}
-  local i = 1
-  while i <= argv.n and argv[i]:sub(1, 1) == "-" do
-    local a = argv[i]
-    if a == "-h" or a == "--help" then
-      return help("main")
-    elseif a == "--version" then
-      io.stdout:write("relaybus ", relaybus._VERSION or "", "\n")
-      return EXIT_OK
-    end
-    local name, value = a:match("^%-%-([^=]+)=(.*)$")
-    name = name or a:match("^%-%-(.+)$")
-    if name ~= "store" and name ~= "table" then
-      usage("unknown option %s (see relaybus --help)", a)
-    end
-    if not value then
-      i = i + 1
-      value = argv[i]
-      if value == nil then usage("--%s needs a value", name) end
-    end
-    pre[#pre + 1] = "--" .. name
-    pre[#pre + 1] = value
-    i = i + 1
-  end
-  local cmd = argv[i]
-  if cmd == nil then usage("missing command (see relaybus --help)") end
-  if cmd == "help" then
-    local topic = argv[i + 1]
-    if topic == nil then return help("main") end
-    if not HELP[topic] or topic == "main" then usage("help: unknown command '%s'", topic) end
-    return help(topic)
-  end
-  local fn = commands[cmd]
-  if not fn then usage("unknown command '%s' (see relaybus --help)", cmd) end
-  -- args[1] is the command; global options go right after it.
-  local args = { cmd }
-  for _, v in ipairs(pre) do args[#args + 1] = v end
-  for j = i + 1, argv.n do args[#args + 1] = argv[j] end
-  args.n = #args
-  return fn(args)
+  local c, msg = parse(argv)
+  if not c then fail(EXIT_USAGE, "%s", msg) end
+  return commands[c.name](c)
 end
 
 local ok, status = pcall(main)
@@ -533,9 +843,11 @@ if ok then
   io.stdout:flush()
   return status
 end
+io.stdout:flush()
 if getmetatable(status) == Exit then
-  io.stdout:flush()
-  io.stderr:write("relaybus: ", status.msg, "\n")
+  io.stderr:write("relaybus: ", scrub(status.msg), "\n")
   return status.status
 end
-error(status, 0)
+-- A bug: still one line, and no secret in it.
+io.stderr:write("relaybus: ", show(scrub(tostring(status)), nil, true), "\n")
+return EXIT_FAIL

@@ -1,6 +1,7 @@
 /* main.c -- the `relaybus` command: a Lua 5.4 host on the libev default loop that preloads the
  * relaybus module and runs the command-line interface compiled in from cmd/cli.lua.
- * SIGINT/SIGTERM: the first stops every dispatcher gracefully, a second exits at once. */
+ * SIGINT/SIGTERM: the first stops every dispatcher gracefully (with none running, it exits at
+ * once with 128 + the signal), a second exits at once with 128 + the signal. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <lualib.h>
 
 #include "relaybus.h"
+#include "log.h"
 #include "cli_lua.h"
 
 static lua_State *host_L;
@@ -131,6 +133,49 @@ static void without_mongoc_shm(char **argv)
     /* exec failed (no /proc): go on; at worst the warning appears */
 }
 
+/* require "relaybus" finds the built-in module; arg is set as lua5.4 sets it: arg[0] the
+ * program, arg[1..] its arguments. */
+static void preload_module_and_arg(lua_State *L, int argc, char **argv)
+{
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    lua_pushcfunction(L, luaopen_relaybus);
+    lua_setfield(L, -2, "relaybus");
+    lua_pop(L, 1);
+    lua_createtable(L, argc, 1);
+    for (int i = 0; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i);
+    }
+    lua_setglobal(L, "arg");
+}
+
+static void install_signals(struct ev_loop *loop)
+{
+    ev_signal_init(&sig_int, on_signal, SIGINT);
+    ev_signal_init(&sig_term, on_signal, SIGTERM);
+    ev_signal_start(loop, &sig_int);
+    ev_signal_start(loop, &sig_term);
+    chain_signal(SIGINT, &libev_int);
+    chain_signal(SIGTERM, &libev_term);
+    /* The signal watchers alone must not keep relaybus.run()'s loop alive. */
+    ev_unref(loop);
+    ev_unref(loop);
+}
+
+/* The table of host functions cmd/cli.lua gets as its first argument. */
+static void push_host_helpers(lua_State *L)
+{
+    lua_createtable(L, 0, 4);
+    lua_pushcfunction(L, h_setenv);
+    lua_setfield(L, -2, "setenv");
+    lua_pushcfunction(L, h_stop_all);
+    lua_setfield(L, -2, "stop_all");
+    lua_pushcfunction(L, h_busy);
+    lua_setfield(L, -2, "busy");
+    lua_pushcfunction(L, h_isatty);
+    lua_setfield(L, -2, "isatty");
+}
+
 int main(int argc, char **argv)
 {
     without_mongoc_shm(argv);
@@ -146,31 +191,17 @@ int main(int argc, char **argv)
     }
     luaL_openlibs(L);
     rb_lua_set_loop(L, loop);
+    /* The command says what goes wrong with runs (raises, burials, lost leases: info) unless
+     * RELAYBUS_LOG says otherwise; the library alone stays at warn. */
+    const char *lv = getenv("RELAYBUS_LOG");
+    /* "json" alone picks the format, not a level: info here too */
+    if (!lv || !strcmp(lv, "json")) rb_log_set_level(RB_LOG_INFO);
+    rb_tune_malloc();      /* the command is the whole process: SQLite drains want it */
 
-    /* require "relaybus" finds the built-in module. */
-    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-    lua_pushcfunction(L, luaopen_relaybus);
-    lua_setfield(L, -2, "relaybus");
-    lua_pop(L, 1);
-
-    /* arg, as lua5.4 sets it: arg[0] the program, arg[1..] its arguments. */
-    lua_createtable(L, argc, 1);
-    for (int i = 0; i < argc; i++) {
-        lua_pushstring(L, argv[i]);
-        lua_rawseti(L, -2, i);
-    }
-    lua_setglobal(L, "arg");
+    preload_module_and_arg(L, argc, argv);
 
     host_L = L;
-    ev_signal_init(&sig_int, on_signal, SIGINT);
-    ev_signal_init(&sig_term, on_signal, SIGTERM);
-    ev_signal_start(loop, &sig_int);
-    ev_signal_start(loop, &sig_term);
-    chain_signal(SIGINT, &libev_int);
-    chain_signal(SIGTERM, &libev_term);
-    /* The signal watchers alone must not keep relaybus.run()'s loop alive. */
-    ev_unref(loop);
-    ev_unref(loop);
+    install_signals(loop);
 
     int status = 1;
     lua_pushcfunction(L, msgh);
@@ -181,15 +212,7 @@ int main(int argc, char **argv)
         return 1;
     }
     /* First argument: the host helpers; then the command-line arguments. */
-    lua_createtable(L, 0, 4);
-    lua_pushcfunction(L, h_setenv);
-    lua_setfield(L, -2, "setenv");
-    lua_pushcfunction(L, h_stop_all);
-    lua_setfield(L, -2, "stop_all");
-    lua_pushcfunction(L, h_busy);
-    lua_setfield(L, -2, "busy");
-    lua_pushcfunction(L, h_isatty);
-    lua_setfield(L, -2, "isatty");
+    push_host_helpers(L);
     if (!lua_checkstack(L, argc + 1)) {
         fputs("relaybus: too many arguments\n", stderr);
         return 2;

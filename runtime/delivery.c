@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "delivery.h"
+#include "alloc.h"
 
 static size_t len0(const char *s) { return s ? strlen(s) + 1 : 0; }
 
@@ -20,7 +21,7 @@ rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payl
 {
     size_t extra = len0(id) + len0(topic) + len0(payload) + len0(key) + len0(last_error) +
                    len0(lease_token);
-    rb_delivery *d = calloc(1, sizeof *d + extra);
+    rb_delivery *d = rb_calloc(1, sizeof *d + extra);
     if (!d) return NULL;
     char *cur = (char *)(d + 1);
     d->id = place(&cur, id);

@@ -1,7 +1,9 @@
 /* delivery.h -- the delivery record, as every store returns it.
  *
  * One record is one allocation: the strings live in the same block after the struct, so a
- * record is freed with one free() (rb_delivery_free) and copied with one memcpy-ish call. */
+ * record is freed with one free() (rb_delivery_free). There is no copy function: to keep a
+ * record past a callback that lends it, build a new one with rb_delivery_new and copy the
+ * scalar fields. */
 #ifndef RB_DELIVERY_H
 #define RB_DELIVERY_H
 
@@ -24,6 +26,9 @@ typedef struct rb_delivery {
     double run_at;          /* epoch s */
     double created_at;      /* epoch s */
     double lease_expires_at;/* epoch s, 0 when none */
+    /* Claims only: monotonic s at which the store began this lease, when it knows it (a store
+     * on this host, after waiting for a lock); 0 otherwise. */
+    double claimed_at;
 } rb_delivery;
 
 /* Builds a record; string arguments are copied (NULL stays NULL). */

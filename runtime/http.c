@@ -1,14 +1,25 @@
 /* http.c -- the HTTP transport: one libcurl multi handle per rb_http, driven by the host's
  * libev loop. curl tells us which sockets to watch (one ev_io each) and when to wake it (one
- * ev_timer); we call curl_multi_socket_action on events and collect finished transfers. */
+ * ev_timer); we call curl_multi_socket_action on events and collect finished transfers.
+ * Redirects are followed here, not by curl, hop by hop on the same easy handle, so each hop's
+ * headers are chosen anew (curl would send a caller's custom headers to any host). */
 #include <ctype.h>
+#include <pthread.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <curl/curl.h>
 #include "http.h"
+#include "alloc.h"
+#include "buf.h"
+#include "timer.h"
+#include "clock.h"
+#include "text.h"
 
 #define DEFAULT_TIMEOUT 30.0
 #define DEFAULT_MAX_BODY ((size_t)16 << 20)
@@ -20,7 +31,7 @@ typedef struct tlink { struct tlink *prev, *next; } tlink;
 struct rb_http {
     struct ev_loop *loop;
     CURLM *multi;
-    ev_timer timer;
+    rb_timer timer;
     tlink open;
     size_t active;
 };
@@ -31,12 +42,31 @@ struct rb_http_transfer {
     CURL *easy;
     rb_http_cb cb;
     void *ud;
-    struct curl_slist *req_headers;
-    double timeout;
+    /* the request, owned: a redirect builds the next hop from it */
+    char *method;                /* NULL: GET, or POST with a body */
+    char *url;                   /* this hop's */
+    char *body;                  /* NULL: no body */
+    size_t body_len;
+    char **headers;              /* the caller's lines */
+    size_t nheaders;
+    struct curl_slist *req_headers;     /* this hop's lines, as sent */
+    double timeout, deadline;    /* the whole request's; deadline on the monotonic clock */
     size_t max_body;
-    int body_exceeded;
+    int truncate, follow;
+    /* redirects */
+    int hops;
+    int foreign;                 /* a hop left the first origin: credentials stay behind */
+    int body_dropped;            /* a 301/302/303 turned the request into a GET */
+    char *origin;                /* "scheme://host:port" of the first URL */
+    char *user, *password;       /* the first URL's user-info, for hops within its origin */
+    /* this hop's response */
+    int body_started, discarding;   /* discarding: the body of a redirect we follow */
+    size_t discarded;
+    int body_exceeded, headers_exceeded, oom;
     rb_http_response resp;
-    size_t body_cap, headers_cap;
+    rb_http_header_parser hp;
+    rb_buf body_in;              /* this hop's response body as it arrives; resp.body at the end */
+    char fail[200];              /* why a redirect could not be followed */
     char errbuf[CURL_ERROR_SIZE];
 };
 
@@ -110,10 +140,10 @@ static int set_timer(CURLM *multi, long timeout_ms, void *userp)
 {
     (void)multi;
     rb_http *h = userp;
-    ev_timer_stop(h->loop, &h->timer);
+    rb_timer_stop(h->loop, &h->timer);
     if (timeout_ms >= 0) {
-        ev_timer_set(&h->timer, timeout_ms / 1000.0, 0.);
-        ev_timer_start(h->loop, &h->timer);
+        rb_timer_set(&h->timer, timeout_ms / 1000.0, 0.);
+        rb_timer_start(h->loop, &h->timer);
     }
     return 0;
 }
@@ -133,7 +163,7 @@ static int set_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void 
         return 0;
     }
     if (!s) {
-        s = calloc(1, sizeof *s);
+        s = rb_calloc(1, sizeof *s);
         if (!s) return -1;      /* curl fails the transfer: an error, not a crash */
         s->h = h;
         ev_init(&s->io, on_socket_event);
@@ -148,19 +178,19 @@ static int set_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void 
 
 /* ---- the transport ---- */
 
+/* curl_global_init is not thread-safe: once per process, whichever runtime comes first. */
+static void curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
 static void global_init_once(void)
 {
-    static int done;
-    if (!done) {
-        curl_global_init(CURL_GLOBAL_DEFAULT);
-        done = 1;
-    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, curl_init);
 }
 
 rb_http *rb_http_new(struct ev_loop *loop)
 {
     global_init_once();
-    rb_http *h = calloc(1, sizeof *h);
+    rb_http *h = rb_calloc(1, sizeof *h);
     if (!h) return NULL;
     h->multi = curl_multi_init();
     if (!h->multi) {
@@ -169,8 +199,8 @@ rb_http *rb_http_new(struct ev_loop *loop)
     }
     h->loop = loop;
     list_init(&h->open);
-    ev_init(&h->timer, on_timer);
-    h->timer.data = h;
+    rb_timer_init(&h->timer, on_timer, 0, 0);
+    h->timer.w.data = h;
     curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, set_socket);
     curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
     curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, set_timer);
@@ -180,29 +210,120 @@ rb_http *rb_http_new(struct ev_loop *loop)
 
 size_t rb_http_active(rb_http *h) { return h ? h->active : 0; }
 
-/* ---- receiving ---- */
+/* ---- what a request may hold ---- */
 
-static size_t on_body(char *data, size_t size, size_t n, void *ud)
+/* RFC 9110 tchar: any VCHAR except delimiters. */
+static int is_tchar(unsigned char c)
 {
-    rb_http_transfer *t = ud;
-    size_t len = size * n;
-    rb_http_response *r = &t->resp;
-    if (len > t->max_body - r->body_len) {
-        t->body_exceeded = 1;
-        return 0;               /* curl ends the transfer with CURLE_WRITE_ERROR */
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return 1;
+    return c && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+int rb_http_valid_header_name(const char *s, size_t n)
+{
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!is_tchar((unsigned char)s[i])) return 0;
+    return 1;
+}
+
+int rb_http_valid_method(const char *s, size_t n)
+{
+    return n <= 32 && rb_http_valid_header_name(s, n);
+}
+
+int rb_http_valid_header_value(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0') return 0;
+    return 1;
+}
+
+int rb_http_valid_url_text(const char *url, size_t n)
+{
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)url[i] <= 0x20 || url[i] == 0x7f) return 0;
+    return 1;
+}
+
+/* Length of a header line's name: up to ':' (a value follows) or ';' (curl: empty value). */
+static size_t header_name_len(const char *line) { return strcspn(line, ":;"); }
+
+static int header_is(const char *line, const char *name)
+{
+    size_t n = header_name_len(line);
+    return n == strlen(name) && strncasecmp(line, name, n) == 0;
+}
+
+int rb_http_check(const rb_http_request *req, char *err, size_t errlen)
+{
+    if (req->method && !rb_http_valid_method(req->method, strlen(req->method))) {
+        snprintf(err, errlen, "invalid method: a method is 1 to 32 token characters (RFC 9110)");
+        return -1;
     }
-    if (r->body_len + len + 1 > t->body_cap) {
-        size_t cap = t->body_cap ? t->body_cap : 4096;
-        while (cap < r->body_len + len + 1) cap *= 2;
-        char *b = realloc(r->body, cap);
-        if (!b) return 0;
-        r->body = b;
-        t->body_cap = cap;
+    if (!req->url || !*req->url) {
+        snprintf(err, errlen, "missing url");
+        return -1;
     }
-    memcpy(r->body + r->body_len, data, len);
-    r->body_len += len;
-    r->body[r->body_len] = '\0';
-    return len;
+    if (!rb_http_valid_url_text(req->url, strlen(req->url))) {
+        snprintf(err, errlen, "invalid url: control characters and spaces must be "
+                              "percent-encoded");
+        return -1;
+    }
+    for (size_t i = 0; i < req->nheaders; i++) {
+        const char *line = req->headers[i];
+        size_t n = header_name_len(line);
+        char name[64];
+        rb_one_line(name, n + 1 < sizeof name ? n + 1 : sizeof name, line);
+        if (!line[n] || !rb_http_valid_header_name(line, n)) {
+            snprintf(err, errlen, "invalid header name '%s': a name is token characters "
+                                  "(RFC 9110)", name);
+            return -1;
+        }
+        const char *v = line + n + 1;
+        if (!rb_http_valid_header_value(v, strlen(v)) ||
+            (line[n] == ';' && v[strspn(v, " \t")] != '\0')) {
+            snprintf(err, errlen, "invalid value of header '%s': CR, LF and NUL are not "
+                                  "allowed", name);
+            return -1;
+        }
+        if (header_is(line, "content-length") || header_is(line, "transfer-encoding")) {
+            snprintf(err, errlen, "header '%s' is the transport's: it frames the body itself",
+                     name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- reading what a server sends ---- */
+
+static int is_ows(char c) { return c == ' ' || c == '\t'; }
+
+/* s[0..*n) without its leading and trailing spaces and tabs. */
+static const char *trim_ows(const char *s, size_t *n)
+{
+    while (*n > 0 && is_ows(s[0])) s++, (*n)--;
+    while (*n > 0 && is_ows(s[*n - 1])) (*n)--;
+    return s;
+}
+
+/* The same for a field value, whose CR, LF and NUL become spaces: at its ends they go too. */
+static int value_space(char c) { return is_ows(c) || c == '\r' || c == '\n' || c == '\0'; }
+
+static const char *trim_value(const char *s, size_t *n)
+{
+    while (*n > 0 && value_space(s[0])) s++, (*n)--;
+    while (*n > 0 && value_space(s[*n - 1])) (*n)--;
+    return s;
+}
+
+/* Copies a field value; CR, LF and NUL become spaces (RFC 9110 5.5). */
+static void copy_value(char *dst, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = s[i] == '\r' || s[i] == '\n' || s[i] == '\0' ? ' ' : s[i];
 }
 
 static void clear_headers(rb_http_response *r)
@@ -211,56 +332,403 @@ static void clear_headers(rb_http_response *r)
     r->nheaders = 0;
 }
 
-static int add_header(rb_http_transfer *t, const char *line, size_t len)
+void rb_http_response_clear(rb_http_response *r)
 {
-    rb_http_response *r = &t->resp;
-    if (r->nheaders == t->headers_cap) {
-        size_t cap = t->headers_cap ? t->headers_cap * 2 : 16;
-        char **hs = realloc(r->headers, cap * sizeof *hs);
-        if (!hs) return -1;
-        r->headers = hs;
-        t->headers_cap = cap;
-    }
-    char *copy = malloc(len + 1);
-    if (!copy) return -1;
-    memcpy(copy, line, len);
-    copy[len] = '\0';
-    r->headers[r->nheaders++] = copy;
+    clear_headers(r);
+    free(r->headers);
+    free(r->body);
+    free(r->redirect_url);
+    memset(r, 0, sizeof *r);
+}
+
+/* An obs-fold line: its text joins the previous header's value, after one space. */
+static int continue_header(rb_http_header_parser *p, rb_http_response *r, const char *line,
+                           size_t len)
+{
+    const char *v = trim_value(line, &len);
+    if (!p->continuable || r->nheaders == 0 || len == 0) return 0;
+    char *prev = r->headers[r->nheaders - 1];
+    size_t pl = strlen(prev);
+    int sep = prev[pl - 1] != ' ';        /* "Name: " has no value yet */
+    if (p->bytes + len + 1 > RB_HTTP_MAX_HEADER_BYTES) return -2;
+    char *grown = rb_realloc(prev, pl + (size_t)sep + len + 1);
+    if (!grown) return -1;
+    if (sep) grown[pl++] = ' ';
+    copy_value(grown + pl, v, len);
+    grown[pl + len] = '\0';
+    r->headers[r->nheaders - 1] = grown;
+    p->bytes += len + (size_t)sep;
     return 0;
 }
 
-/* Header lines arrive for every response (100 Continue, redirects): a status line starts a
- * new response, so only the final one's headers remain. */
+int rb_http_header_line(rb_http_header_parser *p, rb_http_response *r, const char *line,
+                        size_t len)
+{
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
+    if (len == 0) {
+        p->continuable = 0;
+        return 0;
+    }
+    if (len >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+        clear_headers(r);           /* 100 Continue, or a redirect: only the last counts */
+        p->bytes = 0;
+        p->continuable = 0;
+        return 0;
+    }
+    if (is_ows(line[0])) return continue_header(p, r, line, len);
+    const char *colon = memchr(line, ':', len);
+    size_t nl = colon ? (size_t)(colon - line) : 0;
+    p->continuable = 0;
+    if (!colon || !rb_http_valid_header_name(line, nl)) return 0;
+    size_t vl = len - nl - 1;
+    const char *v = trim_value(colon + 1, &vl);
+    size_t total = nl + 2 + vl;
+    if (r->nheaders >= RB_HTTP_MAX_HEADERS || p->bytes + total > RB_HTTP_MAX_HEADER_BYTES)
+        return -2;
+    if (r->nheaders == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 16;
+        char **hs = rb_realloc(r->headers, cap * sizeof *hs);
+        if (!hs) return -1;
+        r->headers = hs;
+        p->cap = cap;
+    }
+    char *copy = rb_malloc(total + 1);
+    if (!copy) return -1;
+    memcpy(copy, line, nl);
+    memcpy(copy + nl, ": ", 2);
+    copy_value(copy + nl + 2, v, vl);
+    copy[total] = '\0';
+    r->headers[r->nheaders++] = copy;
+    p->bytes += total;
+    p->continuable = 1;
+    return 0;
+}
+
+/* ---- HTTP-dates and Retry-After ---- */
+
+static const char *const day_names[7] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+static const char *const long_day_names[7] = {"Sunday", "Monday", "Tuesday", "Wednesday",
+                                              "Thursday", "Friday", "Saturday"};
+static const char *const month_names[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+
+/* Days since 1970-01-01 of a proleptic Gregorian date, and back (H. Hinnant's algorithms). */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    unsigned yoe = (unsigned)(y - era * 400);
+    unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+    unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+static void civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d)
+{
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    unsigned doe = (unsigned)(z - era * 146097);
+    unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    unsigned mp = (5 * doy + 2) / 153;
+    *d = doy - (153 * mp + 2) / 5 + 1;
+    *m = mp < 10 ? mp + 3 : mp - 9;
+    *y = (int64_t)yoe + era * 400 + (*m <= 2);
+}
+
+static unsigned days_in_month(int64_t y, unsigned m)
+{
+    static const unsigned char n[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    return m == 2 && leap ? 29 : n[m - 1];
+}
+
+/* A cursor over the text of a date; each reader advances it only on a match. */
+typedef struct cursor { const char *p, *end; } cursor;
+
+static int read_lit(cursor *c, const char *s)
+{
+    size_t n = strlen(s);
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, s, n) != 0) return 0;
+    c->p += n;
+    return 1;
+}
+
+static int read_digits(cursor *c, int n, int *out)
+{
+    if (c->end - c->p < n) return 0;
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (c->p[i] < '0' || c->p[i] > '9') return 0;
+        v = v * 10 + (c->p[i] - '0');
+    }
+    c->p += n;
+    *out = v;
+    return 1;
+}
+
+static int read_name(cursor *c, const char *const *names, int count, int *out)
+{
+    for (int i = 0; i < count; i++)
+        if (read_lit(c, names[i])) {
+            *out = i;
+            return 1;
+        }
+    return 0;
+}
+
+static int read_time(cursor *c, int *hh, int *mm, int *ss)
+{
+    return read_digits(c, 2, hh) && read_lit(c, ":") && read_digits(c, 2, mm) &&
+           read_lit(c, ":") && read_digits(c, 2, ss);
+}
+
+typedef struct civil { int year, month, day, hh, mm, ss; } civil;
+
+/* "Sun, 06 Nov 1994 08:49:37 GMT" */
+static int read_imf_fixdate(cursor c, civil *t)
+{
+    int wd;
+    return read_name(&c, day_names, 7, &wd) && read_lit(&c, ", ") &&
+           read_digits(&c, 2, &t->day) && read_lit(&c, " ") &&
+           read_name(&c, month_names, 12, &t->month) && read_lit(&c, " ") &&
+           read_digits(&c, 4, &t->year) && read_lit(&c, " ") &&
+           read_time(&c, &t->hh, &t->mm, &t->ss) && read_lit(&c, " GMT") && c.p == c.end;
+}
+
+/* "Sunday, 06-Nov-94 08:49:37 GMT": t->year gets the two digits */
+static int read_rfc850_date(cursor c, civil *t)
+{
+    int wd;
+    return read_name(&c, long_day_names, 7, &wd) && read_lit(&c, ", ") &&
+           read_digits(&c, 2, &t->day) && read_lit(&c, "-") &&
+           read_name(&c, month_names, 12, &t->month) && read_lit(&c, "-") &&
+           read_digits(&c, 2, &t->year) && read_lit(&c, " ") &&
+           read_time(&c, &t->hh, &t->mm, &t->ss) && read_lit(&c, " GMT") && c.p == c.end;
+}
+
+/* "Sun Nov  6 08:49:37 1994" */
+static int read_asctime_date(cursor c, civil *t)
+{
+    int wd;
+    if (!(read_name(&c, day_names, 7, &wd) && read_lit(&c, " ") &&
+          read_name(&c, month_names, 12, &t->month) && read_lit(&c, " ")))
+        return 0;
+    if (!(read_digits(&c, 2, &t->day) || (read_lit(&c, " ") && read_digits(&c, 1, &t->day))))
+        return 0;
+    return read_lit(&c, " ") && read_time(&c, &t->hh, &t->mm, &t->ss) && read_lit(&c, " ") &&
+           read_digits(&c, 4, &t->year) && c.p == c.end;
+}
+
+/* The year of an epoch time; times that are not finite count as 1970. */
+static int64_t year_of(double epoch)
+{
+    if (!(epoch > -1e13 && epoch < 1e13)) epoch = 0;
+    int64_t y;
+    unsigned m, d;
+    civil_from_days((int64_t)floor(epoch / 86400), &y, &m, &d);
+    return y;
+}
+
+int rb_http_parse_date(const char *s, size_t n, double now, double *epoch)
+{
+    cursor c = {s, s + n};
+    civil t;
+    if (!read_imf_fixdate(c, &t) && !read_asctime_date(c, &t)) {
+        if (!read_rfc850_date(c, &t)) return 0;
+        /* RFC 9110: a two-digit year more than 50 years ahead is in the past century */
+        int64_t this_year = year_of(now);
+        int64_t y = this_year - this_year % 100 + t.year;
+        if (y > this_year + 50) y -= 100;
+        if (y < 0 || y > 9999) return 0;    /* a `now` out of the years of HTTP-dates */
+        t.year = (int)y;
+    }
+    unsigned month = (unsigned)t.month + 1;
+    if (t.day < 1 || (unsigned)t.day > days_in_month(t.year, month) || t.hh > 23 ||
+        t.mm > 59 || t.ss > 60)
+        return 0;
+    *epoch = (double)days_from_civil(t.year, month, (unsigned)t.day) * 86400 + t.hh * 3600 +
+             t.mm * 60 + t.ss;
+    return 1;
+}
+
+#define FIRST_DATE (-62167219200.0)     /* 0000-01-01T00:00:00Z */
+#define LAST_DATE 253402300799.0        /* 9999-12-31T23:59:59Z */
+
+int rb_http_format_date(double epoch, char *out, size_t cap)
+{
+    if (!(epoch >= FIRST_DATE && epoch <= LAST_DATE) || cap < 30) return -1;
+    int64_t secs = (int64_t)floor(epoch);
+    int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
+    int64_t rem = secs - days * 86400;
+    int64_t y;
+    unsigned m, d;
+    civil_from_days(days, &y, &m, &d);
+    int wd = (int)(((days % 7) + 7 + 4) % 7);     /* 1970-01-01 was a Thursday */
+    snprintf(out, cap, "%s, %02u %s %04d %02d:%02d:%02d GMT", day_names[wd], d,
+             month_names[m - 1], (int)y, (int)(rem / 3600), (int)(rem / 60 % 60),
+             (int)(rem % 60));
+    return 0;
+}
+
+int rb_http_retry_after(const char *value, double now, double *seconds)
+{
+    if (!value) return 0;
+    size_t n = strlen(value);
+    const char *s = trim_ows(value, &n);
+    if (n == 0) return 0;
+    double d;
+    if (strspn(s, "0123456789") >= n) {
+        /* delta-seconds: saturate rather than overflow; a huge one is the longest delay */
+        d = 0;
+        for (size_t i = 0; i < n; i++)
+            if (d <= RB_HTTP_MAX_RETRY_AFTER) d = d * 10 + (s[i] - '0');
+    } else {
+        double at;
+        if (!rb_http_parse_date(s, n, now, &at)) return 0;
+        d = at - now;
+    }
+    if (!(d > 0)) d = 0;            /* a date in the past, or a `now` that is not a number */
+    if (d > RB_HTTP_MAX_RETRY_AFTER) d = RB_HTTP_MAX_RETRY_AFTER;
+    *seconds = d;
+    return 1;
+}
+
+/* ---- receiving ---- */
+
+static int followable(long status)
+{
+    return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
+}
+
+/* The value of the first header named `name` in r, or NULL. */
+static const char *find_header(const rb_http_response *r, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < r->nheaders; i++)
+        if (strncasecmp(r->headers[i], name, n) == 0 && r->headers[i][n] == ':')
+            return r->headers[i] + n + 2;
+    return NULL;
+}
+
+/* The absolute URL a Location names, relative ones resolved against base (free() it); NULL
+ * when it is no URL. Any scheme is read, so the caller can name the one it refuses. */
+static char *resolve_location(const char *base, const char *location)
+{
+    CURLU *u = curl_url();
+    char *full = NULL, *copy = NULL;
+    if (u && curl_url_set(u, CURLUPART_URL, base, 0) == CURLUE_OK &&
+        curl_url_set(u, CURLUPART_URL, location, CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_URL, &full, 0) == CURLUE_OK && full)
+        copy = rb_strdup(full);
+    curl_free(full);
+    curl_url_cleanup(u);
+    return copy;
+}
+
+static size_t on_body(char *data, size_t size, size_t n, void *ud)
+{
+    rb_http_transfer *t = ud;
+    size_t len = size * n;
+    rb_http_response *r = &t->resp;
+    if (!t->body_started) {
+        long status = 0;
+        curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+        t->body_started = 1;
+        t->discarding = t->follow && followable(status) && find_header(r, "location");
+    }
+    if (t->discarding) {
+        /* the body of a redirect we follow is nobody's; a long one is not worth reading */
+        t->discarded += len;
+        return t->discarded > t->max_body ? 0 : len;
+    }
+    int cut = 0;
+    if (len > t->max_body - t->body_in.len) {
+        if (!t->truncate) {
+            t->body_exceeded = 1;
+            return 0;           /* curl ends the transfer with CURLE_WRITE_ERROR */
+        }
+        len = t->max_body - t->body_in.len;
+        cut = 1;
+    }
+    rb_buf_add(&t->body_in, data, len);
+    if (rb_buf_failed(&t->body_in)) {
+        t->oom = 1;
+        return 0;
+    }
+    if (cut) {
+        r->truncated = 1;       /* stop reading: the start is all the caller wants */
+        return 0;
+    }
+    return size * n;
+}
+
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
 {
     rb_http_transfer *t = ud;
-    size_t len = size * n, total = len;
-    while (len > 0 && (data[len - 1] == '\n' || data[len - 1] == '\r')) len--;
-    if (len >= 5 && strncmp(data, "HTTP/", 5) == 0) {
-        clear_headers(&t->resp);
-        return total;
-    }
-    if (len == 0 || !memchr(data, ':', len)) return total;
-    return add_header(t, data, len) == 0 ? total : 0;
+    size_t len = size * n;
+    int rc = rb_http_header_line(&t->hp, &t->resp, data, len);
+    if (rc == -1) t->oom = 1;
+    if (rc == -2) t->headers_exceeded = 1;
+    return rc == 0 ? len : 0;
 }
 
 /* ---- starting ---- */
 
-static int check_url(const char *url, char *err, size_t errlen)
+static int is_http_scheme(const char *scheme)
 {
-    if (!url || !*url) {
-        snprintf(err, errlen, "missing url");
-        return -1;
+    return strcasecmp(scheme, "http") == 0 || strcasecmp(scheme, "https") == 0;
+}
+
+/* "scheme://host:port" of u, lower-cased, with the scheme's default port; NULL on failure. */
+static char *origin_of(CURLU *u)
+{
+    char *scheme = NULL, *host = NULL, *port = NULL, *o = NULL;
+    if (curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+        size_t n = strlen(scheme) + strlen(host) + strlen(port) + 5;
+        if ((o = rb_malloc(n))) {
+            snprintf(o, n, "%s://%s:%s", scheme, host, port);
+            for (char *p = o; *p; p++) *p = (char)tolower((unsigned char)*p);
+        }
     }
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    return o;
+}
+
+/* A copy of one part of u (free() it), or NULL when u has none. */
+static char *url_part(CURLU *u, CURLUPart what)
+{
+    char *s = NULL, *copy = NULL;
+    if (curl_url_get(u, what, &s, 0) == CURLUE_OK && s) copy = rb_strdup(s);
+    curl_free(s);
+    return copy;
+}
+
+/* Parses the first URL: http or https only; keeps its origin and user-info for redirects. */
+static int check_url(rb_http_transfer *t, char *err, size_t errlen)
+{
     CURLU *u = curl_url();
     char *scheme = NULL;
-    int ok = u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+    int ok = u && curl_url_set(u, CURLUPART_URL, t->url, 0) == CURLUE_OK &&
              curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK;
-    if (!ok)
-        snprintf(err, errlen, "invalid url: %.200s", url);
-    else if (strcasecmp(scheme, "http") != 0 && strcasecmp(scheme, "https") != 0) {
-        snprintf(err, errlen, "unsupported scheme: %.50s", scheme);
+    if (!ok) {
+        char shown[256], line[256];
+        rb_redact_url(shown, sizeof shown, t->url);
+        snprintf(err, errlen, "invalid url: %s", rb_one_line(line, 200, shown));
+    } else if (!is_http_scheme(scheme)) {
+        char line[64];
+        snprintf(err, errlen, "unsupported scheme: %s", rb_one_line(line, 50, scheme));
         ok = 0;
+    } else if (!(t->origin = origin_of(u))) {
+        snprintf(err, errlen, "invalid url: no host");
+        ok = 0;
+    } else {
+        t->user = url_part(u, CURLUPART_USER);
+        t->password = url_part(u, CURLUPART_PASSWORD);
     }
     curl_free(scheme);
     curl_url_cleanup(u);
@@ -275,81 +743,147 @@ static int append_header(rb_http_transfer *t, const char *line)
     return 0;
 }
 
-/* Request headers. "Expect:" stops curl from waiting for 100-continue on big bodies, and
- * "Content-Type:" stops it from labelling a body as a form the caller never said it was. */
-static int set_request_headers(rb_http_transfer *t, const rb_http_request *req)
+/* What a request to another origin keeps of the caller's headers: nothing that could be a
+ * credential (Authorization, Cookie, an API key under any name). */
+static int kept_across_origins(const char *line)
+{
+    return header_is(line, "content-type") || header_is(line, "accept") ||
+           header_is(line, "user-agent");
+}
+
+static int describes_body(const char *line)
+{
+    static const char *const names[] = {"content-type", "content-length", "content-encoding",
+                                        "content-language", "content-location",
+                                        "transfer-encoding", NULL};
+    for (int i = 0; names[i]; i++)
+        if (header_is(line, names[i])) return 1;
+    return 0;
+}
+
+/* This hop's request headers. "Expect:" stops curl from waiting for 100-continue on big
+ * bodies, and "Content-Type:" stops it from labelling a body as a form the caller never said
+ * it was. */
+static int build_headers(rb_http_transfer *t)
 {
     int has_type = 0;
+    curl_slist_free_all(t->req_headers);
+    t->req_headers = NULL;
     if (append_header(t, "Expect:") != 0) return -1;
-    for (size_t i = 0; i < req->nheaders; i++) {
-        if (strncasecmp(req->headers[i], "content-type", 12) == 0 &&
-            (req->headers[i][12] == ':' || req->headers[i][12] == ';'))
-            has_type = 1;
-        if (append_header(t, req->headers[i]) != 0) return -1;
+    for (size_t i = 0; i < t->nheaders; i++) {
+        const char *line = t->headers[i];
+        if (t->foreign && !kept_across_origins(line)) continue;
+        if (!t->body && t->body_dropped && describes_body(line)) continue;
+        if (header_is(line, "content-type")) has_type = 1;
+        if (append_header(t, line) != 0) return -1;
     }
     return has_type ? 0 : append_header(t, "Content-Type:");
 }
 
-static void set_method_and_body(CURL *e, const rb_http_request *req)
+static void set_method_and_body(rb_http_transfer *t)
 {
-    const char *method = req->method ? req->method : (req->body ? "POST" : "GET");
-    if (req->body || strcasecmp(method, "POST") == 0) {
-        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
-        curl_easy_setopt(e, CURLOPT_COPYPOSTFIELDS, req->body ? req->body : "");
+    CURL *e = t->easy;
+    const char *method = t->method ? t->method : (t->body ? "POST" : "GET");
+    if (t->body || strcasecmp(method, "POST") == 0) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)t->body_len);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->body ? t->body : "");
     }
     if (strcasecmp(method, "HEAD") == 0)
         curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-    else if (strcasecmp(method, "GET") != 0 || req->body)
+    else if (strcasecmp(method, "GET") != 0 || t->body)
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
 }
 
-static void set_options(rb_http_transfer *t, const rb_http_request *req)
+/* Sets every option of the easy handle for the transfer's current URL, method and body: the
+ * first hop and each redirect alike. curl never follows a redirect itself, so the headers of
+ * each hop are ours to choose. */
+static int configure_hop(rb_http_transfer *t)
 {
     CURL *e = t->easy;
-    curl_easy_setopt(e, CURLOPT_URL, req->url);
+    curl_easy_reset(e);
+    if (build_headers(t) != 0) return -1;
+    double left_ms = (t->deadline - rb_monotonic()) * 1000;
+    long ms = left_ms < 1 ? 1 : left_ms > (double)LONG_MAX ? LONG_MAX : (long)ceil(left_ms);
+    curl_easy_setopt(e, CURLOPT_URL, t->url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, t);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, req->follow_redirects ? 1L : 0L);
-    curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(t->timeout * 1000));
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, ms);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->req_headers);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "relaybus");
-    set_method_and_body(e, req);
+    set_method_and_body(t);
+    return 0;
 }
 
 static void transfer_free(rb_http_transfer *t)
 {
     if (t->easy) curl_easy_cleanup(t->easy);
     curl_slist_free_all(t->req_headers);
-    clear_headers(&t->resp);
-    free(t->resp.headers);
-    free(t->resp.body);
+    for (size_t i = 0; i < t->nheaders; i++) free(t->headers[i]);
+    free(t->headers);
+    free(t->method);
+    free(t->url);
+    free(t->body);
+    free(t->origin);
+    free(t->user);
+    free(t->password);
+    rb_http_response_clear(&t->resp);
+    rb_buf_free(&t->body_in);
     free(t);
+}
+
+/* The transfer keeps its own copy of the request: a redirect sends it again. */
+static int copy_request(rb_http_transfer *t, const rb_http_request *req)
+{
+    if (req->method && !(t->method = rb_strdup(req->method))) return -1;
+    if (!(t->url = rb_strdup(req->url))) return -1;
+    if (req->body) {
+        if (!(t->body = rb_malloc(req->body_len ? req->body_len : 1))) return -1;
+        memcpy(t->body, req->body, req->body_len);
+        t->body_len = req->body_len;
+    }
+    if (req->nheaders) {
+        if (!(t->headers = rb_calloc(req->nheaders, sizeof *t->headers))) return -1;
+        for (; t->nheaders < req->nheaders; t->nheaders++)
+            if (!(t->headers[t->nheaders] = rb_strdup(req->headers[t->nheaders]))) return -1;
+    }
+    return 0;
 }
 
 rb_http_transfer *rb_http_start(rb_http *h, const rb_http_request *req, rb_http_cb cb, void *ud,
                                 char *err, size_t errlen)
 {
-    if (check_url(req->url, err, errlen) != 0) return NULL;
-    rb_http_transfer *t = calloc(1, sizeof *t);
-    if (!t || !(t->easy = curl_easy_init()) || set_request_headers(t, req) != 0) {
+    if (rb_http_check(req, err, errlen) != 0) return NULL;
+    rb_http_transfer *t = rb_calloc(1, sizeof *t);
+    if (!t || copy_request(t, req) != 0) {
         snprintf(err, errlen, "out of memory");
         if (t) transfer_free(t);
+        return NULL;
+    }
+    if (check_url(t, err, errlen) != 0) {
+        transfer_free(t);
         return NULL;
     }
     t->h = h;
     t->cb = cb;
     t->ud = ud;
     t->timeout = req->timeout > 0 ? req->timeout : DEFAULT_TIMEOUT;
+    if (t->timeout > RB_MAX_SECONDS) t->timeout = RB_MAX_SECONDS;
+    t->deadline = rb_monotonic() + t->timeout;
     t->max_body = req->max_body > 0 ? req->max_body : DEFAULT_MAX_BODY;
-    set_options(t, req);
+    t->truncate = req->truncate_body;
+    t->follow = req->follow_redirects;
+    if (!(t->easy = curl_easy_init()) || configure_hop(t) != 0) {
+        snprintf(err, errlen, "out of memory");
+        transfer_free(t);
+        return NULL;
+    }
     CURLMcode mc = curl_multi_add_handle(h->multi, t->easy);
     if (mc != CURLM_OK) {
         snprintf(err, errlen, "%s", curl_multi_strerror(mc));
@@ -359,6 +893,105 @@ rb_http_transfer *rb_http_start(rb_http *h, const rb_http_request *req, rb_http_
     list_push(&h->open, &t->node);
     h->active++;
     return t;
+}
+
+/* ---- redirects ---- */
+
+/* The URL of the next hop: the Location resolved against this hop's URL, http or https only;
+ * the user-info stays behind once the chain has left the first origin, and a hop within it
+ * carries the first URL's. NULL with t->fail set when it cannot be used. */
+static char *next_url(rb_http_transfer *t, const char *location)
+{
+    char *resolved = resolve_location(t->url, location);
+    CURLU *u = curl_url();
+    char *scheme = NULL, *full = NULL, *next = NULL, *origin = NULL;
+    if (!resolved || !u ||
+        curl_url_set(u, CURLUPART_URL, resolved, CURLU_NON_SUPPORT_SCHEME) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK) {
+        snprintf(t->fail, sizeof t->fail, "redirect to an invalid URL");
+    } else if (!is_http_scheme(scheme)) {
+        char line[64];
+        snprintf(t->fail, sizeof t->fail, "redirect to an unsupported scheme: %s",
+                 rb_one_line(line, 50, scheme));
+    } else if (!(origin = origin_of(u))) {
+        snprintf(t->fail, sizeof t->fail, "redirect to an invalid URL");
+    } else {
+        if (strcmp(origin, t->origin) != 0) t->foreign = 1;
+        char *user = url_part(u, CURLUPART_USER);
+        if (t->foreign) {
+            curl_url_set(u, CURLUPART_USER, NULL, 0);
+            curl_url_set(u, CURLUPART_PASSWORD, NULL, 0);
+        } else if (!user && t->user) {
+            curl_url_set(u, CURLUPART_USER, t->user, 0);
+            if (t->password) curl_url_set(u, CURLUPART_PASSWORD, t->password, 0);
+        }
+        free(user);
+        if (curl_url_get(u, CURLUPART_URL, &full, 0) != CURLUE_OK || !full ||
+            !rb_http_valid_url_text(full, strlen(full)))
+            snprintf(t->fail, sizeof t->fail, "redirect to an invalid URL");
+        else if (!(next = rb_strdup(full)))
+            snprintf(t->fail, sizeof t->fail, "out of memory");
+    }
+    free(resolved);
+    free(origin);
+    curl_free(full);
+    curl_free(scheme);
+    curl_url_cleanup(u);
+    return next;
+}
+
+/* After a hop has ended: when it was a redirect to follow, starts the next hop on the same
+ * easy handle and returns 1. Returns 0 when the transfer ends here, with t->fail set when the
+ * redirect could not be followed. */
+static int next_hop(rb_http_transfer *t, CURLcode rc)
+{
+    if (!t->follow || (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && t->discarding)))
+        return 0;
+    long status = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    const char *location = find_header(&t->resp, "location");
+    if (!followable(status) || !location) {
+        if (t->discarding)
+            snprintf(t->fail, sizeof t->fail, "HTTP %ld redirect without a usable Location",
+                     status);
+        return 0;
+    }
+    if (t->hops >= RB_HTTP_MAX_REDIRECTS) {
+        snprintf(t->fail, sizeof t->fail, "more than %d redirects", RB_HTTP_MAX_REDIRECTS);
+        return 0;
+    }
+    if (rb_monotonic() >= t->deadline) {
+        snprintf(t->fail, sizeof t->fail, "timed out after %g s", t->timeout);
+        return 0;
+    }
+    char *url = next_url(t, location);
+    if (!url) return 0;
+    free(t->url);
+    t->url = url;
+    t->hops++;
+    /* 307 and 308 repeat the request; the others continue as a GET without a body */
+    if (status != 307 && status != 308 &&
+        !(t->method && strcasecmp(t->method, "HEAD") == 0)) {
+        free(t->method);
+        free(t->body);
+        t->method = t->body = NULL;
+        t->body_len = 0;
+        t->body_dropped = 1;
+    }
+    rb_http_response_clear(&t->resp);
+    memset(&t->hp, 0, sizeof t->hp);
+    rb_buf_free(&t->body_in);
+    t->discarded = 0;
+    t->body_started = t->discarding = 0;
+    t->errbuf[0] = '\0';
+    curl_multi_remove_handle(t->h->multi, t->easy);
+    CURLMcode mc = CURLM_OK;
+    if (configure_hop(t) != 0 || (mc = curl_multi_add_handle(t->h->multi, t->easy)) != CURLM_OK) {
+        snprintf(t->fail, sizeof t->fail, "%s",
+                 mc != CURLM_OK ? curl_multi_strerror(mc) : "out of memory");
+        return 0;
+    }
+    return 1;
 }
 
 /* ---- finishing ---- */
@@ -371,40 +1004,40 @@ static void detach(rb_http_transfer *t)
     t->h->active--;
 }
 
-/* One line, newlines folded, no trailing period or spaces. */
-static void one_line(char *s)
-{
-    for (char *p = s; *p; p++)
-        if (*p == '\n' || *p == '\r') *p = ' ';
-    size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '.')) s[--n] = '\0';
-}
-
 static void describe_error(rb_http_transfer *t, CURLcode rc, char *msg, size_t len)
 {
     long oserr = 0;
     curl_easy_getinfo(t->easy, CURLINFO_OS_ERRNO, &oserr);
     const char *detail = t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc);
+    char raw[CURL_ERROR_SIZE + 64];
     if (t->body_exceeded)
-        snprintf(msg, len, "response body exceeds %zu bytes", t->max_body);
+        snprintf(raw, sizeof raw, "response body exceeds %zu bytes", t->max_body);
+    else if (t->headers_exceeded)
+        snprintf(raw, sizeof raw, "response headers exceed %d lines or %zu bytes",
+                 RB_HTTP_MAX_HEADERS, RB_HTTP_MAX_HEADER_BYTES);
+    else if (t->oom)
+        snprintf(raw, sizeof raw, "out of memory");
     else if (rc == CURLE_OPERATION_TIMEDOUT)
-        snprintf(msg, len, "timed out after %g s", t->timeout);
+        snprintf(raw, sizeof raw, "timed out after %g s", t->timeout);
     else if (rc == CURLE_COULDNT_CONNECT && oserr == ECONNREFUSED)
-        snprintf(msg, len, "connection refused");
+        snprintf(raw, sizeof raw, "connection refused");
     else if (oserr == ECONNRESET)
-        snprintf(msg, len, "connection reset");
+        snprintf(raw, sizeof raw, "connection reset");
     else if (rc == CURLE_GOT_NOTHING)
-        snprintf(msg, len, "empty reply from server");
+        snprintf(raw, sizeof raw, "empty reply from server");
     else if (rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_PEER_FAILED_VERIFICATION ||
              rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_SSL_CERTPROBLEM)
-        snprintf(msg, len, "TLS: %s", detail);
+        snprintf(raw, sizeof raw, "TLS: %s", detail);
     else {
-        snprintf(msg, len, "%s", detail);
+        snprintf(raw, sizeof raw, "%s", detail);
         /* curl capitalises ("Could not resolve host"); our messages read as one clause */
-        if (isupper((unsigned char)msg[0]) && islower((unsigned char)msg[1]))
-            msg[0] = (char)tolower((unsigned char)msg[0]);
+        if (isupper((unsigned char)raw[0]) && islower((unsigned char)raw[1]))
+            raw[0] = (char)tolower((unsigned char)raw[0]);
     }
-    one_line(msg);
+    /* one line, no trailing period */
+    rb_one_line(msg, len, raw);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '.') msg[--n] = '\0';
 }
 
 /* Ends a detached transfer: the callback, then the memory. */
@@ -412,12 +1045,22 @@ static void finish(rb_http_transfer *t, CURLcode rc, const char *reason)
 {
     char msg[CURL_ERROR_SIZE + 64];
     const char *err = reason;
-    if (!err && rc != CURLE_OK) {
+    if (!err && t->fail[0]) {
+        err = t->fail;
+    } else if (!err && rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && t->resp.truncated)) {
         describe_error(t, rc, msg, sizeof msg);
         err = msg;
     }
-    if (!err) curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->resp.status);
-    if (!t->resp.body) t->resp.body = calloc(1, 1);    /* callers may rely on a string */
+    if (!err) {
+        curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->resp.status);
+        const char *location = find_header(&t->resp, "location");
+        if (t->resp.status >= 300 && t->resp.status <= 399 && location)
+            t->resp.redirect_url = resolve_location(t->url, location);
+        /* the body passes to the response; callers may rely on a string even when empty */
+        t->resp.body = t->body_in.data ? t->body_in.data : rb_calloc(1, 1);
+        t->resp.body_len = t->body_in.len;
+        rb_buf_init(&t->body_in);
+    }
     t->cb(t->ud, err, err ? NULL : &t->resp);
     transfer_free(t);
 }
@@ -434,6 +1077,7 @@ static void check_done(rb_http *h)
         rb_http_transfer *t = NULL;
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&t);
         if (!t) continue;
+        if (next_hop(t, rc)) continue;      /* a redirect: the same transfer goes on */
         detach(t);
         finish(t, rc, NULL);
     }
@@ -463,7 +1107,7 @@ void rb_http_free(rb_http *h)
 {
     if (!h) return;
     while (!list_empty(&h->open)) rb_http_cancel((rb_http_transfer *)h->open.next);
-    ev_timer_stop(h->loop, &h->timer);
+    rb_timer_stop(h->loop, &h->timer);
     curl_multi_cleanup(h->multi);   /* closes pooled connections; CURL_POLL_REMOVE frees sockw */
     free(h);
 }

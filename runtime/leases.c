@@ -1,13 +1,20 @@
-/* leases.c -- named-lease handles over any store's lease operations, and the in-process
- * lease store behind relaybus.local_leases(). */
+/* leases.c -- named-lease handles over a keeper of leases: any store's lease operation, or
+ * the in-process table behind relaybus.local_leases() (rb_local_leases, not a store). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "leases.h"
 #include "dispatcher.h"
+#include "alloc.h"
+#include "timer.h"
+
+/* The lease operation of a keeper (a store's vt->lease, or the local table's). */
+typedef void (*keeper_fn)(void *keeper, rb_lease_op op, const char *name, const char *token,
+                          double duration, rb_lease_cb cb, void *ud);
 
 struct rb_lease {
-    rb_store *s;
+    keeper_fn keep;
+    void *keeper;
     struct ev_loop *loop;   /* kept apart: the handle may outlive a closed store */
     char *name;
     char token[33];
@@ -16,24 +23,15 @@ struct rb_lease {
     int released;
     int freed;          /* the owner let go; freed when no operation refers to it */
     int refs;
-    ev_timer timer;
+    rb_timer timer;
     void (*on_expire)(rb_lease *l, void *ud);
     void *on_expire_ud;
 };
 
-/* The local deadline ends ahead of the store's expiry by this much (clock rates, round trip). */
-static double margin_for(double duration)
-{
-    double m = duration * 0.1;
-    if (m < 0.05) m = 0.05;
-    if (m > 5) m = 5;
-    return m;
-}
-
 static void unref(rb_lease *l)
 {
     if (--l->refs == 0) {
-        ev_timer_stop(l->loop, &l->timer);
+        rb_timer_stop(l->loop, &l->timer);
         free(l->name);
         free(l);
     }
@@ -45,8 +43,8 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     rb_lease *l = w->data;
     double left = l->deadline - rb_monotonic();
     if (left > 0) {     /* the loop's clock ran ahead of ours: wait the rest */
-        ev_timer_set(w, left, 0);
-        ev_timer_start(l->loop, w);
+        rb_timer_set(&l->timer, left, 0);
+        rb_timer_start(l->loop, &l->timer);
         return;
     }
     if (l->on_expire && !l->freed) l->on_expire(l, l->on_expire_ud);
@@ -54,11 +52,11 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 static void arm(rb_lease *l)
 {
-    ev_timer_stop(l->loop, &l->timer);
+    rb_timer_stop(l->loop, &l->timer);
     ev_now_update(l->loop);
     double left = l->deadline - rb_monotonic();
-    ev_timer_set(&l->timer, left > 0 ? left : 0, 0);
-    ev_timer_start(l->loop, &l->timer);
+    rb_timer_set(&l->timer, left > 0 ? left : 0, 0);
+    rb_timer_start(l->loop, &l->timer);
 }
 
 typedef struct op {
@@ -79,41 +77,54 @@ static void on_acquired(void *ud, const char *err, int acquired, double expires_
         unref(l);
         o->acb(o->ud, err, NULL);
     } else {
-        l->deadline = o->sent_at + o->duration - margin_for(o->duration);
+        l->deadline = o->sent_at + o->duration - rb_lease_margin(o->duration);
         arm(l);
         o->acb(o->ud, NULL, l);
     }
     free(o);
 }
 
-void rb_lease_try_acquire(rb_store *s, const char *name, double duration,
-                          rb_lease_acquire_cb cb, void *ud)
+static void try_acquire(keeper_fn keep, void *keeper, struct ev_loop *loop, const char *name,
+                        double duration, rb_lease_acquire_cb cb, void *ud)
 {
-    rb_lease *l = calloc(1, sizeof *l);
-    op *o = calloc(1, sizeof *o);
-    if (!l || !o || !(l->name = strdup(name))) {
+    rb_lease *l = rb_calloc(1, sizeof *l);
+    op *o = rb_calloc(1, sizeof *o);
+    if (!l || !o || !(l->name = rb_strdup(name))) {
         free(l); free(o);
         cb(ud, "out of memory", NULL);
         return;
     }
-    if (!s->vt->lease_acquire) {
-        free(l->name); free(l); free(o);
-        cb(ud, "named leases are not supported by this store", NULL);
-        return;
-    }
-    l->s = s;
-    l->loop = s->loop;
+    l->keep = keep;
+    l->keeper = keeper;
+    l->loop = loop;
     l->duration = duration;
     l->refs = 1;
     rb_random_token(l->token);
-    ev_init(&l->timer, on_timer);
-    l->timer.data = l;
+    rb_timer_init(&l->timer, on_timer, 0, 0);
+    l->timer.w.data = l;
     o->l = l;
     o->sent_at = rb_monotonic();
     o->duration = duration;
     o->acb = cb;
     o->ud = ud;
-    s->vt->lease_acquire(s, l->name, l->token, duration, on_acquired, o);
+    keep(keeper, RB_LEASE_ACQUIRE, l->name, l->token, duration, on_acquired, o);
+}
+
+static void store_keeps(void *keeper, rb_lease_op op, const char *name, const char *token,
+                        double duration, rb_lease_cb cb, void *ud)
+{
+    rb_store *s = keeper;
+    s->vt->lease(s, op, name, token, duration, cb, ud);
+}
+
+void rb_lease_try_acquire(rb_store *s, const char *name, double duration,
+                          rb_lease_acquire_cb cb, void *ud)
+{
+    if (!s->vt->lease) {
+        cb(ud, "named leases are not supported by this store", NULL);
+        return;
+    }
+    try_acquire(store_keeps, s, s->loop, name, duration, cb, ud);
 }
 
 const char *rb_lease_name(const rb_lease *l) { return l->name; }
@@ -134,12 +145,13 @@ static void on_done(void *ud, const char *err, int ok, double expires_at)
     rb_lease *l = o->l;
     if (!l->freed) {
         if (!err && ok) {
-            if (o->dcb && o->duration > 0) {        /* extend */
-                l->deadline = o->sent_at + o->duration - margin_for(o->duration);
+            if (o->dcb && o->duration > 0) {        /* extend: never shortens */
+                double d = o->sent_at + o->duration - rb_lease_margin(o->duration);
+                if (d > l->deadline) l->deadline = d;
                 arm(l);
             } else {                                /* release */
                 l->released = 1;
-                ev_timer_stop(l->loop, &l->timer);
+                rb_timer_stop(l->loop, &l->timer);
             }
         }
         o->dcb(o->ud, err ? err : (ok ? NULL : "lease lost"), !err && ok);
@@ -155,7 +167,7 @@ static void start_op(rb_lease *l, double duration, rb_lease_done_cb cb, void *ud
         cb(ud, l->released ? "lease released" : "lease lost", 0);
         return;
     }
-    op *o = calloc(1, sizeof *o);
+    op *o = rb_calloc(1, sizeof *o);
     if (!o) {
         cb(ud, "out of memory", 0);
         return;
@@ -166,8 +178,8 @@ static void start_op(rb_lease *l, double duration, rb_lease_done_cb cb, void *ud
     o->dcb = cb;
     o->ud = ud;
     l->refs++;
-    if (duration > 0) l->s->vt->lease_extend(l->s, l->name, l->token, duration, on_done, o);
-    else l->s->vt->lease_release(l->s, l->name, l->token, on_done, o);
+    l->keep(l->keeper, duration > 0 ? RB_LEASE_EXTEND : RB_LEASE_RELEASE, l->name, l->token,
+            duration, on_done, o);
 }
 
 void rb_lease_extend(rb_lease *l, double duration, rb_lease_done_cb cb, void *ud)
@@ -181,11 +193,11 @@ void rb_lease_free(rb_lease *l)
 {
     if (!l) return;
     l->freed = 1;
-    ev_timer_stop(l->loop, &l->timer);
+    rb_timer_stop(l->loop, &l->timer);
     unref(l);
 }
 
-/* ---- the in-process lease store ---------------------------------------------------------- */
+/* ---- this process's own leases ------------------------------------------------------------ */
 typedef struct local_entry {
     char *name;
     char token[33];
@@ -193,22 +205,21 @@ typedef struct local_entry {
     struct local_entry *next;
 } local_entry;
 
-typedef struct local_store {
-    rb_store base;
+struct rb_local_leases {
+    struct ev_loop *loop;
     local_entry *entries;
-} local_store;
+};
 
-static local_entry *local_find(local_store *ls, const char *name)
+static local_entry *local_find(rb_local_leases *ls, const char *name)
 {
     for (local_entry *e = ls->entries; e; e = e->next)
         if (strcmp(e->name, name) == 0) return e;
     return NULL;
 }
 
-static void local_acquire(rb_store *s, const char *name, const char *token, double duration,
-                          rb_lease_cb cb, void *ud)
+static void local_acquire(rb_local_leases *ls, const char *name, const char *token,
+                          double duration, rb_lease_cb cb, void *ud)
 {
-    local_store *ls = (local_store *)s;
     double now = rb_monotonic();
     local_entry *e = local_find(ls, name);
     if (e && e->expires > now && strcmp(e->token, token) != 0) {
@@ -216,8 +227,8 @@ static void local_acquire(rb_store *s, const char *name, const char *token, doub
         return;
     }
     if (!e) {
-        e = calloc(1, sizeof *e);
-        if (!e || !(e->name = strdup(name))) {
+        e = rb_calloc(1, sizeof *e);
+        if (!e || !(e->name = rb_strdup(name))) {
             free(e);
             cb(ud, "out of memory", 0, 0);
             return;
@@ -230,23 +241,22 @@ static void local_acquire(rb_store *s, const char *name, const char *token, doub
     cb(ud, NULL, 1, rb_wall_time() + duration);
 }
 
-static void local_extend(rb_store *s, const char *name, const char *token, double duration,
-                         rb_lease_cb cb, void *ud)
+static void local_extend(rb_local_leases *ls, const char *name, const char *token,
+                         double duration, rb_lease_cb cb, void *ud)
 {
-    local_entry *e = local_find((local_store *)s, name);
+    local_entry *e = local_find(ls, name);
     double now = rb_monotonic();
     if (!e || strcmp(e->token, token) != 0 || e->expires <= now) {
         cb(ud, NULL, 0, 0);
         return;
     }
-    e->expires = now + duration;
-    cb(ud, NULL, 1, rb_wall_time() + duration);
+    if (now + duration > e->expires) e->expires = now + duration;     /* never shortens */
+    cb(ud, NULL, 1, rb_wall_time() + (e->expires - now));
 }
 
-static void local_release(rb_store *s, const char *name, const char *token, rb_lease_cb cb,
-                          void *ud)
+static void local_release(rb_local_leases *ls, const char *name, const char *token,
+                          rb_lease_cb cb, void *ud)
 {
-    local_store *ls = (local_store *)s;
     for (local_entry **pp = &ls->entries; *pp; pp = &(*pp)->next) {
         local_entry *e = *pp;
         if (strcmp(e->name, name) == 0) {
@@ -261,32 +271,36 @@ static void local_release(rb_store *s, const char *name, const char *token, rb_l
     cb(ud, NULL, 0, 0);
 }
 
-static void local_close(rb_store *s)
+static void local_keeps(void *keeper, rb_lease_op op, const char *name, const char *token,
+                        double duration, rb_lease_cb cb, void *ud)
 {
-    local_store *ls = (local_store *)s;
+    switch (op) {
+    case RB_LEASE_ACQUIRE: local_acquire(keeper, name, token, duration, cb, ud); break;
+    case RB_LEASE_EXTEND: local_extend(keeper, name, token, duration, cb, ud); break;
+    default: local_release(keeper, name, token, cb, ud); break;
+    }
+}
+
+rb_local_leases *rb_local_leases_new(struct ev_loop *loop)
+{
+    rb_local_leases *ls = rb_calloc(1, sizeof *ls);
+    if (ls) ls->loop = loop;
+    return ls;
+}
+
+void rb_local_leases_free(rb_local_leases *ls)
+{
+    if (!ls) return;
     for (local_entry *e = ls->entries, *next; e; e = next) {
         next = e->next;
         free(e->name);
         free(e);
     }
-    free(ls->base.table);
     free(ls);
 }
 
-static const rb_store_vtable local_vtable = {
-    .name = "local",
-    .lease_acquire = local_acquire,
-    .lease_extend = local_extend,
-    .lease_release = local_release,
-    .close = local_close,
-};
-
-rb_store *rb_local_leases_new(struct ev_loop *loop)
+void rb_local_lease_try_acquire(rb_local_leases *ls, const char *name, double duration,
+                                rb_lease_acquire_cb cb, void *ud)
 {
-    local_store *ls = calloc(1, sizeof *ls);
-    if (!ls) return NULL;
-    ls->base.vt = &local_vtable;
-    ls->base.loop = loop;
-    ls->base.table = strdup("local_leases");
-    return &ls->base;
+    try_acquire(local_keeps, ls, ls->loop, name, duration, cb, ud);
 }

@@ -1,5 +1,5 @@
 /* leases.h -- named leases: one holder at a time for a named piece of work, for at most a
- * bounded time (CONTRACT.md "Named leases").
+ * bounded time (docs/c.md "leases.h"; in Lua, docs/lua.md "Named leases").
  *
  * A lease is held under a random token in the store (its clock decides expiry); the holder's
  * deadline is kept on the monotonic clock, measured from just before the claim was sent and
@@ -34,7 +34,13 @@ void rb_lease_release(rb_lease *l, rb_lease_done_cb cb, void *ud);
  * extend or release is in flight: their callbacks are then not called. */
 void rb_lease_free(rb_lease *l);
 
-/* A store that only keeps named leases, in this process (relaybus.local_leases()). */
-rb_store *rb_local_leases_new(struct ev_loop *loop);
+/* This process's own named leases (relaybus.local_leases()): exclusive among the code of this
+ * process only, no store involved. Its answers come at once (inside the call). A handle of
+ * it must not be extended or released once the table is freed. */
+typedef struct rb_local_leases rb_local_leases;
+rb_local_leases *rb_local_leases_new(struct ev_loop *loop);     /* NULL when out of memory */
+void rb_local_leases_free(rb_local_leases *ls);
+void rb_local_lease_try_acquire(rb_local_leases *ls, const char *name, double duration,
+                                rb_lease_acquire_cb cb, void *ud);
 
 #endif

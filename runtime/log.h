@@ -1,5 +1,14 @@
 /* log.h -- one-line diagnostics on stderr. RELAYBUS_LOG=debug|info|warn|error|off picks the
- * level (default warn); hosts may replace the sink with rb_log_set_sink. */
+ * level (default warn; the relaybus command raises it to info); RELAYBUS_LOG=json (or, with a
+ * level, json,debug) writes each line as one JSON object for log shippers: time (UTC, RFC
+ * 3339), level, message, and delivery_id and topic when the line is about one delivery. Internal: `make install` does
+ * not install this header, so rb_log_set_sink (replacing the sink) serves hosts built inside
+ * this tree only. Every line is made one line (rb_one_line) before it is written, whatever
+ * the message carried.
+ *
+ * A condition that can repeat at the rate of the loop (a store that refuses every write)
+ * logs through a limiter: at most RB_LOG_BURST lines per RB_LOG_WINDOW seconds per limiter,
+ * then one line saying how many similar lines were left out. */
 #ifndef RB_LOG_H
 #define RB_LOG_H
 
@@ -8,5 +17,26 @@ typedef enum { RB_LOG_DEBUG, RB_LOG_INFO, RB_LOG_WARN, RB_LOG_ERROR, RB_LOG_OFF 
 void rb_log(rb_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void rb_log_set_sink(void (*sink)(rb_log_level level, const char *line, void *ud), void *ud);
 int rb_log_enabled(rb_log_level level);
+/* Sets the level as RELAYBUS_LOG would (the relaybus command raises it to info). */
+void rb_log_set_level(rb_log_level level);
+
+/* The same, about one delivery (id and topic may be NULL): JSON lines carry them as fields. */
+void rb_log_d(rb_log_level level, const char *id, const char *topic, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int rb_log_json(void);              /* 1 when lines are JSON objects */
+void rb_log_set_json(int on);
+
+#define RB_LOG_BURST 5
+#define RB_LOG_WINDOW 10.0
+typedef struct rb_log_limit {
+    double window_start;    /* monotonic s */
+    int lines;              /* written in this window */
+    long dropped;           /* left out since the last line written */
+} rb_log_limit;
+/* One static limiter per call site: `static rb_log_limit lim; rb_log_limited(&lim, ...)`. */
+void rb_log_limited(rb_log_limit *lim, rb_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void rb_log_limited_d(rb_log_limit *lim, rb_log_level level, const char *id, const char *topic,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 #endif

@@ -11,11 +11,12 @@
 #include <unistd.h>
 #include <sys/random.h>
 #include "store.h"
+#include "text.h"
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
-/* Once per process, on the first SQLite open. glibc gives the top of the heap back to the
+/* rb_tune_malloc: glibc gives the top of the heap back to the
  * kernel whenever more than 128 KiB of it is free. SQLite's statement journal takes and frees
  * a 64 KiB chunk per writing statement, so each claimed or settled row cost a brk() down and
  * up again, and each brk() down a TLB flush on every CPU: drains ran 3-7x slower on a busy
@@ -35,6 +36,58 @@ static void tune_malloc(void)
 #endif
 }
 
+void rb_tune_malloc(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, tune_malloc);
+}
+
+static int has_prefix(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+rb_store_kind rb_store_parse_url(const char *url, const char **path, char *err, size_t errlen)
+{
+    char shown[200];
+    *path = NULL;
+    if (!url || !*url) {
+        snprintf(err, errlen, "empty store URL");
+        return 0;
+    }
+    if (has_prefix(url, "sqlite:")) {
+        const char *p = url + 7;
+        /* Tools disagree on sqlite://x (sqlx: ./x; SQLAlchemy needs sqlite:///x for that, and
+         * sqlite:////x for /x): guessing would open some other file than the user meant, so
+         * only sqlite:PATH is a SQLite URL. */
+        if (has_prefix(p, "//")) {
+            char redacted[200];
+            rb_redact_url(redacted, sizeof redacted, url);   /* keeps its "sqlite://" */
+            const char *rest = redacted + 9;
+            while (*rest == '/') rest++;
+            rb_one_line(shown, 80, rest);
+            snprintf(err, errlen, "sqlite: a sqlite:// URL is ambiguous; write sqlite:PATH "
+                     "(sqlite:%s for a path relative to the current directory, sqlite:/%s "
+                     "for an absolute one)", shown, shown);
+            return 0;
+        }
+        if (!*p) {
+            snprintf(err, errlen, "sqlite URL needs a path: sqlite:PATH or sqlite::memory:");
+            return 0;
+        }
+        *path = p;
+        return RB_STORE_SQLITE;
+    }
+    if (has_prefix(url, "postgresql://") || has_prefix(url, "postgres://")) return RB_STORE_PG;
+    if (has_prefix(url, "mongodb://") || has_prefix(url, "mongodb+srv://")) return RB_STORE_MONGO;
+    char redacted[sizeof shown];
+    rb_one_line(shown, sizeof shown, rb_redact_url(redacted, sizeof redacted, url));
+    snprintf(err, errlen,
+             "unsupported store URL '%s' (expected sqlite:PATH, postgresql://... or mongodb://...)",
+             shown);
+    return 0;
+}
+
 rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_options *opts,
                         char *err, size_t errlen)
 {
@@ -42,32 +95,35 @@ rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_op
     if (opts) o = *opts;
     if (!o.table) o.table = "relaybus_deliveries";
     if (!rb_valid_identifier(o.table)) {
-        snprintf(err, errlen, "invalid table name '%s' (letters, digits and _ only)", o.table);
+        char shown[80];
+        snprintf(err, errlen, "invalid table name '%s' (letters, digits and _ only)",
+                 rb_one_line(shown, sizeof shown, o.table));
         return NULL;
     }
-    if (!url || !*url) {
-        snprintf(err, errlen, "empty store URL");
+    const char *path;
+    rb_store *s = NULL;
+    /* The drivers' messages may quote parts of the URL, its password among them: they write
+     * to raw, which is cleaned into err. */
+    char raw[2048] = "", clean[sizeof raw];
+    switch (rb_store_parse_url(url, &path, err, errlen)) {
+    case RB_STORE_SQLITE: {
+        s = rb_sqlite_open(loop, path, &o, raw, sizeof raw);
+        break;
+    }
+    case RB_STORE_PG:
+        s = rb_pg_open(loop, url, &o, raw, sizeof raw);
+        break;
+    case RB_STORE_MONGO:
+        s = rb_mongo_open(loop, url, &o, raw, sizeof raw);
+        break;
+    default:
         return NULL;
     }
-    if (strncmp(url, "sqlite:", 7) == 0) {
-        const char *path = url + 7;
-        if (strncmp(path, "//", 2) == 0) path += 2;   /* accept sqlite://PATH too */
-        if (!*path) {
-            snprintf(err, errlen, "sqlite URL needs a path: sqlite:PATH or sqlite::memory:");
-            return NULL;
-        }
-        static pthread_once_t malloc_once = PTHREAD_ONCE_INIT;
-        pthread_once(&malloc_once, tune_malloc);
-        return rb_sqlite_open(loop, path, &o, err, errlen);
+    if (!s && errlen) {
+        rb_redact_secrets(clean, sizeof clean, raw[0] ? raw : "cannot open the store", url);
+        rb_one_line(err, errlen, clean);
     }
-    if (strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0)
-        return rb_pg_open(loop, url, &o, err, errlen);
-    if (strncmp(url, "mongodb://", 10) == 0 || strncmp(url, "mongodb+srv://", 14) == 0)
-        return rb_mongo_open(loop, url, &o, err, errlen);
-    snprintf(err, errlen,
-             "unsupported store URL '%.200s' (expected sqlite:PATH, postgresql://... or mongodb://...)",
-             url);
-    return NULL;
+    return s;
 }
 
 int rb_valid_identifier(const char *name)
@@ -125,13 +181,6 @@ void rb_random_token(char out[33])
         out[2 * i + 1] = hex[raw[i] & 15];
     }
     out[32] = 0;
-}
-
-double rb_wall_time(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 void rb_store_notify_local(rb_store *s)

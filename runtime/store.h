@@ -8,7 +8,9 @@
  *
  * Errors are one-line messages without a trailing newline; `err == NULL` means success.
  * Fenced operations (rb_settle_op) never report a lost lease as an error: they set
- * `applied = 0`, an ordinary outcome. An error means the store could not be asked at all. */
+ * `applied = 0`, an ordinary outcome. An error means the outcome is not known: the store may
+ * not have been asked at all, or the connection may have been lost after the write was sent
+ * (then it may have been made). Fenced writes are safe to send again. */
 #ifndef RB_STORE_H
 #define RB_STORE_H
 
@@ -16,6 +18,7 @@
 #include <stdint.h>
 #include <ev.h>
 #include "delivery.h"
+#include "clock.h"
 
 typedef struct rb_store rb_store;
 typedef struct rb_tx rb_tx;
@@ -79,12 +82,23 @@ typedef struct rb_list_req {
     const char *status;     /* NULL = any */
     const char *topic;      /* NULL = any */
     size_t limit;           /* 0 = default 100 */
+    /* Pages for a viewer: newest first (by id: the most recently enqueued first) instead of
+     * oldest first; with `after` (the last id of the previous page) only those older than it.
+     * An `after` that is no id of this store gives an empty page. */
+    int newest_first;
+    const char *after;      /* NULL = from the newest; only with newest_first */
 } rb_list_req;
 
 typedef struct rb_stats {
     int64_t pending, processing, completed, buried, due;
     double oldest_due_age;  /* s; 0 when nothing is due */
 } rb_stats;
+
+/* What the store's lease call does with a named lease (see the vtable's lease). */
+typedef enum rb_lease_op { RB_LEASE_ACQUIRE, RB_LEASE_EXTEND, RB_LEASE_RELEASE } rb_lease_op;
+/* topic_stats' rows: columns topic (text), pending, processing, completed, buried (ints),
+ * one row per topic, ordered by topic, at most RB_TOPIC_STATS_MAX rows. */
+#define RB_TOPIC_STATS_MAX 10000
 
 /* --- callbacks ------------------------------------------------------------------------- */
 typedef void (*rb_done_cb)(void *ud, const char *err);
@@ -102,6 +116,19 @@ typedef void (*rb_tx_cb)(void *ud, const char *err, rb_tx *tx);
 typedef void (*rb_rows_cb)(void *ud, const char *err, rb_rowset *rs);
 /* doc: JSON text of the found document or NULL (mongo find_one) */
 typedef void (*rb_doc_cb)(void *ud, const char *err, const char *doc_json, int64_t count);
+
+/* The caller's callback of any operation, as a store keeps it until the answer. */
+typedef union rb_store_cb {
+    rb_ids_cb ids;
+    rb_records_cb records;
+    rb_done_cb done;
+    rb_count_cb count;
+    rb_stats_cb stats;
+    rb_lease_cb lease;
+    rb_tx_cb tx;
+    rb_rows_cb rows;
+    rb_doc_cb doc;
+} rb_store_cb;
 
 /* --- the vtable -------------------------------------------------------------------------- */
 typedef enum { RB_KICK_ONE, RB_KICK_BURIED } rb_kick_mode;
@@ -123,36 +150,49 @@ typedef struct rb_store_vtable {
      * with lease_expires_at <= now. Each gets status processing, attempts + 1, fence + 1, a new
      * lease token and expiry now + lease. A delivery whose attempts would pass max_attempts is
      * buried (last_error "max attempts exceeded", unless it already has one) instead and not
-     * returned. Oldest run_at first. */
+     * returned. Earliest due first: by run_at (PostgreSQL orders an expired processing
+     * delivery by its lease's expiry instead). */
     void (*claim)(rb_store *s, const rb_claim_req *req, rb_records_cb cb, void *ud);
-    /* Applies n fenced writes, ideally in one round trip; fills each op's results. */
+    /* Applies n fenced writes, ideally in one round trip; fills each op's results. ops (and
+     * the strings they point at) must stay valid until cb: the results are written into them. */
     void (*settle)(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud);
 
     void (*get)(rb_store *s, const char *id, rb_records_cb cb, void *ud);
     void (*list)(rb_store *s, const rb_list_req *req, rb_records_cb cb, void *ud);
     void (*stats)(rb_store *s, rb_stats_cb cb, void *ud);
-    /* RB_KICK_ONE: the buried delivery `id`; RB_KICK_BURIED: all buried. -> pending, attempts 0 */
+    /* RB_KICK_ONE: the buried delivery `id`; RB_KICK_BURIED: all buried. -> pending, attempts 0.
+     * A buried delivery whose topic and key a live delivery holds again: PostgreSQL leaves it
+     * buried (not counted), MongoDB requeues it without its dedupe, SQLite requeues it. */
     void (*kick)(rb_store *s, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud);
     /* Deletes deliveries of `status` (completed or buried) settled more than older_than s ago,
      * at most `limit` of them (0 = no limit). */
     void (*purge)(rb_store *s, const char *status, double older_than, size_t limit,
                   rb_count_cb cb, void *ud);
+    /* For operators (the dashboard). Counts per topic and status (see RB_TOPIC_STATS_MAX). */
+    void (*topic_stats)(rb_store *s, rb_rows_cb cb, void *ud);
+    /* Buries delivery `id` now when it is pending or processing (a running handler's lease
+     * is taken away: its later writes are not applied), last_error = reason (may be NULL).
+     * count: 1 when buried, 0 when no such live delivery. */
+    void (*bury)(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud);
+    /* Deletes delivery `id` when it is completed or buried. count: 1 deleted, 0 otherwise. */
+    void (*remove)(rb_store *s, const char *id, rb_count_cb cb, void *ud);
 
-    /* Named leases. `token` identifies the holder. acquire succeeds when the name is free or
-     * expired (store clock); extend and release only while token matches and not expired
-     * (release: token matches, regardless of expiry is NOT allowed -- it must not revoke a
-     * successor, and a successor has a different token, so token match is the condition). */
-    void (*lease_acquire)(rb_store *s, const char *name, const char *token, double duration,
-                          rb_lease_cb cb, void *ud);
-    void (*lease_extend)(rb_store *s, const char *name, const char *token, double duration,
-                         rb_lease_cb cb, void *ud);
-    void (*lease_release)(rb_store *s, const char *name, const char *token,
-                          rb_lease_cb cb, void *ud);
+    /* Named leases. `token` identifies the holder. acquire succeeds when the name is free,
+     * expired (store clock) or already held under this token; extend only while the token
+     * matches and the lease has not expired (it never shortens it); release while the token
+     * matches, expired or not: a successor holds another token, so a late release never
+     * revokes it. (The handles of leases.h refuse extend and release past their own deadline
+     * without asking the store.) */
+    void (*lease)(rb_store *s, rb_lease_op op, const char *name, const char *token,
+                  double duration, rb_lease_cb cb, void *ud);    /* duration: not for release */
 
     /* Transactions: the application's writes and deliveries commit together. */
     void (*begin)(rb_store *s, rb_tx_cb cb, void *ud);
     void (*tx_enqueue)(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
-    /* SQL stores; NULL in stores without SQL. Placeholders are the store's native ones. */
+    /* SQL stores; NULL in stores without SQL. Placeholders are the store's native ones, bound
+     * by position: PostgreSQL's $1, $2...; SQLite's ?, ?NNN, :name, @name and $name, each
+     * distinct one numbered in order of first appearance unless it is ?NNN (so $1, $2 mean
+     * there what they mean on PostgreSQL only when they first appear in that order). */
     void (*tx_exec)(rb_tx *tx, const char *sql, const rb_value *params, size_t nparams,
                     rb_count_cb cb, void *ud);
     void (*tx_query)(rb_tx *tx, const char *sql, const rb_value *params, size_t nparams,
@@ -162,7 +202,8 @@ typedef struct rb_store_vtable {
                    const char *doc_json, rb_doc_cb cb, void *ud);
     /* Commits. With `complete` non-NULL, first applies that fenced write inside the
      * transaction; when it is not applied (lease lost) the transaction rolls back and
-     * complete->applied is 0. The rb_tx is freed by commit and rollback. */
+     * complete->applied is 0; complete must stay valid until cb. The rb_tx is freed by commit
+     * and rollback, whatever their outcome; cb may be NULL for rollback. */
     void (*commit)(rb_tx *tx, rb_settle_op *complete, rb_done_cb cb, void *ud);
     void (*rollback)(rb_tx *tx, rb_done_cb cb, void *ud);
 
@@ -171,7 +212,9 @@ typedef struct rb_store_vtable {
     void (*set_wakeup)(rb_store *s, void (*fn)(void *ud), void *ud);
 
     /* Closes connections and frees the store. Operations still in flight get their callback
-     * with an error ("store closed") before close returns. */
+     * with an error before close returns: "store closed" on SQLite, "postgresql: store closed"
+     * and "mongodb: store closed" (every message ends in "store closed"). MongoDB first waits
+     * for the calls its worker threads have in progress. */
     void (*close)(rb_store *s);
 } rb_store_vtable;
 
@@ -183,6 +226,13 @@ struct rb_store {
     /* In-process wake-up: enqueue calls it so a local dispatcher starts at once. */
     void (*local_wakeup)(void *ud);
     void *local_wakeup_ud;
+    /* Kept by the dispatcher (dispatcher_runs.c, dispatcher.c) for the dispatchers on this
+     * store, on its loop's thread: the registry of their unsettled runs and the list a local
+     * enqueue wakes. Per store, so
+     * runtimes on other threads share nothing. */
+    struct rb_run_registry *registry;
+    struct rb_dispatcher *dispatchers;
+    int unhandled_checked;      /* the check for topics nobody here handles was made */
 };
 
 typedef struct rb_store_options {
@@ -190,8 +240,16 @@ typedef struct rb_store_options {
     int migrate;            /* create or upgrade the schema on open */
 } rb_store_options;
 
-/* Opens the store a URL names (sqlite:, postgres[ql]://, mongodb://). Blocking. On failure
- * returns NULL with a one-line message in err. */
+typedef enum { RB_STORE_SQLITE = 1, RB_STORE_PG, RB_STORE_MONGO } rb_store_kind;
+
+/* What a store URL names, without opening or connecting: sqlite:PATH (*path points at PATH
+ * inside url; sqlite://... is refused as ambiguous), postgresql:// or postgres://, mongodb://
+ * or mongodb+srv://. Returns the kind, or 0 with a one-line message in err that shows the
+ * URL only redacted. */
+rb_store_kind rb_store_parse_url(const char *url, const char **path, char *err, size_t errlen);
+
+/* Opens the store a URL names (see rb_store_parse_url). Blocking. On failure returns NULL
+ * with a one-line message in err, in which no secret of the URL appears (rb_redact_secrets). */
 rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_options *opts,
                         char *err, size_t errlen);
 
@@ -203,10 +261,17 @@ rb_store *rb_pg_open(struct ev_loop *loop, const char *conninfo, const rb_store_
 rb_store *rb_mongo_open(struct ev_loop *loop, const char *uri, const rb_store_options *opts,
                         char *err, size_t errlen);
 
+/* Tunes glibc's malloc for SQLite's pattern of taking and freeing 64 KiB per written row (a
+ * higher trim threshold: without it each such free gave memory back to the kernel, and every
+ * brk() down flushed the TLB on all CPUs: drains ran 3-7x slower on a busy machine). It
+ * changes the whole process, so the library never does it by itself: the relaybus command
+ * does; a host that runs SQLite drains may. Once per process; not when MALLOC_* or
+ * GLIBC_TUNABLES already tune malloc. */
+void rb_tune_malloc(void);
+
 /* Helpers shared by the stores (store.c). */
 int rb_valid_identifier(const char *name);          /* [A-Za-z_][A-Za-z0-9_]{0,62} */
 void rb_random_token(char out[33]);                 /* 128 random bits, hex */
-double rb_wall_time(void);                          /* epoch s */
 void rb_store_notify_local(rb_store *s);            /* call after a commit that added deliveries */
 
 #endif

@@ -1,17 +1,25 @@
-/* store_sqlite.c -- the SQLite store, the embedded default: schema and migrations, deliveries,
- * named leases and application transactions on one WAL connection. Every operation is a small
- * queued job run on the loop thread; SQLITE_BUSY is retried from a timer, never waited out. */
+/* store_sqlite.c -- the SQLite store, the embedded default: deliveries, named leases and
+ * application transactions on one WAL connection (its file, schema and SQL text are in
+ * store_sqlite_schema.c). Every operation is a small queued job run on the loop thread;
+ * SQLITE_BUSY is retried from a timer, never waited out. */
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
 #include <sqlite3.h>
 #include "store.h"
+#include "store_sqlite_schema.h"
+#include "alloc.h"
+#include "fifo.h"
+#include "timer.h"
 
 #define BUSY_TIMEOUT_MS 5       /* the longest sqlite3 itself may block the loop on a lock */
-#define OPEN_TIMEOUT_MS 10000   /* open and migrate are blocking by contract */
 #define RETRY_FIRST     0.002   /* s: first retry after SQLITE_BUSY, doubling ... */
 #define RETRY_MAX       0.01    /* ... up to this (latency once the lock frees) ... */
 /* After a transaction ends, the next one here waits this long, so other processes' retries
@@ -19,102 +27,9 @@
  * running transactional handlers back to back would otherwise starve every other worker. */
 #define TX_GAP          0.003
 #define RETRY_GIVE_UP   30.0    /* ... until the job fails */
-#define SCHEMA_VERSION  1
 #define LIST_DEFAULT    100
 #define PUMP_BATCH      256     /* jobs run in one go before the loop gets a turn */
 
-/* Column order read by read_delivery. */
-#define COLS "id, topic, payload, key, status, attempts, max_attempts, fence, run_at, " \
-             "created_at, lease_token, lease_expires_at, last_error"
-
-/* --- schema ----------------------------------------------------------------------------- */
-/* SQL templates say "{t}" for the deliveries table name (a validated identifier, always
- * quoted). The partial indexes keep claims and dedupe cheap however many settled rows pile up;
- * queries repeat an index's WHERE term verbatim so the planner can use it. */
-static const char *const migrations[SCHEMA_VERSION] = {
-    /* 1: deliveries, their indexes, named leases */
-    "CREATE TABLE IF NOT EXISTS \"{t}\" ("
-    " id INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " topic TEXT NOT NULL,"
-    " payload TEXT NOT NULL,"
-    " key TEXT,"
-    " status TEXT NOT NULL DEFAULT 'pending'"
-    "  CHECK (status IN ('pending','processing','completed','buried')),"
-    " attempts INTEGER NOT NULL DEFAULT 0,"
-    " max_attempts INTEGER NOT NULL DEFAULT 25,"
-    " fence INTEGER NOT NULL DEFAULT 0,"
-    " run_at REAL NOT NULL,"
-    " created_at REAL NOT NULL,"
-    " settled_at REAL,"
-    " lease_token TEXT,"
-    " lease_expires_at REAL,"
-    " last_error TEXT);"
-    "CREATE INDEX IF NOT EXISTS \"{t}_due\" ON \"{t}\" (run_at)"
-    " WHERE status IN ('pending','processing');"
-    "CREATE INDEX IF NOT EXISTS \"{t}_key\" ON \"{t}\" (topic, key)"
-    " WHERE key IS NOT NULL AND status IN ('pending','processing');"
-    "CREATE INDEX IF NOT EXISTS \"{t}_settled\" ON \"{t}\" (status, settled_at)"
-    " WHERE status IN ('completed','buried');"
-    "CREATE TABLE IF NOT EXISTS \"{t}_leases\" ("
-    " name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL);",
-};
-
-/* Prepared once per store, on first use. Settle statements share their parameter numbers:
- * ?1 now, ?2 id, ?3 token, ?4 delay, ?5 error. Lease ones: ?1 name, ?2 token, ?3 now, ?4 s. */
-enum {
-    ST_ENQ_FIND, ST_ENQ_INSERT, ST_CLAIM_BURY, ST_CLAIM_TAKE,
-    ST_COMPLETE, ST_RESCHEDULE, ST_BURY, ST_RELEASE, ST_EXTEND,
-    ST_GET, ST_STATS, ST_KICK_ONE, ST_KICK_BURIED, ST_PURGE,
-    ST_LEASE_ACQUIRE, ST_LEASE_EXTEND, ST_LEASE_RELEASE, ST_COUNT
-};
-
-#define FENCED " WHERE id = ?2 AND status = 'processing' AND lease_token = ?3"
-#define NO_LEASE " lease_token = NULL, lease_expires_at = NULL"
-static const char *const stmt_sql[ST_COUNT] = {
-    [ST_ENQ_FIND] = "SELECT id FROM \"{t}\" WHERE key IS NOT NULL"
-        " AND status IN ('pending','processing') AND topic = ?1 AND key = ?2 ORDER BY id LIMIT 1",
-    [ST_ENQ_INSERT] = "INSERT INTO \"{t}\" (topic, payload, key, status, attempts, max_attempts,"
-        " fence, run_at, created_at) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6)",
-    [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
-        " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
-    [ST_CLAIM_TAKE] = "UPDATE \"{t}\" SET status = 'processing', attempts = attempts + 1,"
-        " fence = fence + 1, lease_token = ?1, lease_expires_at = ?2 WHERE id = ?3 RETURNING " COLS,
-    [ST_COMPLETE] = "UPDATE \"{t}\" SET status = 'completed', settled_at = ?1," NO_LEASE FENCED,
-    [ST_RESCHEDULE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
-        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
-    [ST_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
-        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
-    [ST_RELEASE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
-        " attempts = MAX(attempts - 1, 0)," NO_LEASE FENCED,
-    [ST_EXTEND] = "UPDATE \"{t}\" SET lease_expires_at = ?1 + ?4" FENCED,
-    [ST_GET] = "SELECT " COLS " FROM \"{t}\" WHERE id = ?1",
-    [ST_STATS] = "SELECT"
-        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
-        "   AND status = 'pending'),"
-        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
-        "   AND status = 'processing'),"
-        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
-        "   AND status = 'completed'),"
-        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
-        "   AND status = 'buried'),"
-        " count(*), min(run_at) FROM \"{t}\" WHERE status IN ('pending','processing')"
-        "   AND run_at <= ?1 AND (status = 'pending' OR lease_expires_at <= ?1)",
-    [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0, run_at = ?1,"
-        " settled_at = NULL," NO_LEASE " WHERE id = ?2 AND status = 'buried'",
-    [ST_KICK_BURIED] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0, run_at = ?1,"
-        " settled_at = NULL," NO_LEASE
-        " WHERE status IN ('completed','buried') AND status = 'buried'",
-    [ST_PURGE] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
-        " WHERE status IN ('completed','buried') AND status = ?1 AND settled_at < ?2"
-        " ORDER BY settled_at LIMIT ?3)",
-    [ST_LEASE_ACQUIRE] = "INSERT INTO \"{t}_leases\" (name, token, expires_at)"
-        " VALUES (?1, ?2, ?3 + ?4) ON CONFLICT (name) DO UPDATE"
-        " SET token = excluded.token, expires_at = excluded.expires_at"
-        " WHERE expires_at <= ?3 OR token = excluded.token",
-    [ST_LEASE_EXTEND] = "UPDATE \"{t}_leases\" SET expires_at = ?3 + ?4"
-        " WHERE name = ?1 AND token = ?2 AND expires_at > ?3",
-    [ST_LEASE_RELEASE] = "DELETE FROM \"{t}_leases\" WHERE name = ?1 AND token = ?2",
-};
 
 /* --- the store and its jobs ------------------------------------------------------------- */
 typedef struct rb_sqlite rb_sqlite;
@@ -127,7 +42,7 @@ typedef struct job_type {
 } job_type;
 
 typedef struct strnode { struct strnode *next; char text[]; } strnode;
-typedef struct queue { job *head, *tail; } queue;
+typedef RB_FIFO(job) queue;
 
 struct job {
     job *next;
@@ -135,10 +50,7 @@ struct job {
     rb_sqlite *s;
     rb_tx *tx;              /* the user transaction it belongs to, or NULL */
     void *ud;
-    union {
-        rb_done_cb done; rb_ids_cb ids; rb_records_cb records; rb_count_cb count;
-        rb_stats_cb stats; rb_lease_cb lease; rb_tx_cb tx; rb_rows_cb rows;
-    } cb;
+    rb_store_cb cb;
     strnode *strs;          /* copies of the caller's strings, freed with the job */
     int oom;                /* a copy failed: the job reports "out of memory" */
     double busy_since;      /* monotonic s of the first SQLITE_BUSY, 0 before */
@@ -148,6 +60,7 @@ struct job {
     rb_settle_op *ops; size_t nops;     /* the caller's array: results are written into it */
     rb_value *params; size_t nparams;
     const char *id, *status, *topic, *name, *token, *sql;
+    const char *after; int newest;      /* a list page */
     size_t limit;
     double num;             /* lease duration, purge age */
     int which;              /* statement, kick mode */
@@ -176,22 +89,25 @@ struct rb_sqlite {
     queue q;                    /* everything outside a transaction, begins included */
     queue txq;                  /* operations of the open transaction */
     rb_tx *tx;                  /* the open transaction: it holds the connection */
-    ev_timer retry;
+    rb_timer retry;
     double retry_delay;
     double tx_ended_at;     /* monotonic s when the last transaction ended */
     int pumping, retry_armed, closed;
+    int grouping;           /* running a group commit: each job is a savepoint in it */
 };
 
 /* --- small helpers ---------------------------------------------------------------------- */
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+/* A duration from the caller, kept in range: NaN or negative is 0, too long is the longest
+ * (callers validate; this only keeps REAL columns sane). */
+static double sane_secs(double x) { return x > 0 ? (x < RB_MAX_SECONDS ? x : RB_MAX_SECONDS) : 0; }
 
-/* A duration from the caller: NaN, infinite or negative would poison REAL columns. */
-static double sane_secs(double x) { return isfinite(x) && x > 0 ? x : 0; }
+/* The boot id bound as a parameter: NULL when unknown (the wall clock times leases then). */
+static void bind_boot(sqlite3_stmt *st, int i)
+{
+    const char *b = rb_boot_id();
+    if (*b) sqlite3_bind_text(st, i, b, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(st, i);
+}
 
 static int is_busy(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
 
@@ -199,8 +115,9 @@ static int parse_id(const char *text, sqlite3_int64 *out)
 {
     if (!text || !*text) return 0;
     char *end;
+    errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (*end || v <= 0) return 0;
+    if (*end || v <= 0 || errno == ERANGE) return 0;     /* past int64 names no row */
     *out = v;
     return 1;
 }
@@ -227,7 +144,7 @@ static const char *keep_n(job *j, const char *str, size_t len)
 {
     if (!str) return NULL;
     if (len == (size_t)-1) len = strlen(str);
-    strnode *n = malloc(sizeof *n + len + 1);
+    strnode *n = rb_malloc(sizeof *n + len + 1);
     if (!n) { j->oom = 1; return NULL; }
     memcpy(n->text, str, len);
     n->text[len] = 0;
@@ -237,25 +154,11 @@ static const char *keep_n(job *j, const char *str, size_t len)
 }
 static const char *keep(job *j, const char *str) { return keep_n(j, str, (size_t)-1); }
 
-/* Replaces every "{t}" in tmpl with the table name. */
-static char *expand(const char *tmpl, const char *table)
-{
-    size_t tl = strlen(table), n = 0;
-    for (const char *p = tmpl; (p = strstr(p, "{t}")); p += 3) n++;
-    char *out = malloc(strlen(tmpl) + n * tl + 1), *o = out;
-    if (!out) return NULL;
-    for (const char *p = tmpl; *p;) {
-        if (strncmp(p, "{t}", 3) == 0) { memcpy(o, table, tl); o += tl; p += 3; }
-        else *o++ = *p++;
-    }
-    *o = 0;
-    return out;
-}
 
 static int prepare_sql(rb_sqlite *s, job *j, const char *tmpl, unsigned flags,
                        sqlite3_stmt **out)
 {
-    char *sql = expand(tmpl, s->base.table);
+    char *sql = rb_sqlite_expand(tmpl, s->base.table);
     if (!sql) return SQLITE_NOMEM;
     int rc = sqlite3_prepare_v3(s->db, sql, -1, flags, out, NULL);
     free(sql);
@@ -267,7 +170,7 @@ static int prepare_sql(rb_sqlite *s, job *j, const char *tmpl, unsigned flags,
 static int prep(rb_sqlite *s, job *j, int which, sqlite3_stmt **out)
 {
     if (!s->stmts[which]) {
-        int rc = prepare_sql(s, j, stmt_sql[which], SQLITE_PREPARE_PERSISTENT, &s->stmts[which]);
+        int rc = prepare_sql(s, j, rb_sqlite_stmt_sql[which], SQLITE_PREPARE_PERSISTENT, &s->stmts[which]);
         if (rc != SQLITE_OK) return rc;
     }
     *out = s->stmts[which];
@@ -309,18 +212,21 @@ static int exec_sql(rb_sqlite *s, job *j, const char *sql)
 
 /* A job's write scope: its own BEGIN IMMEDIATE transaction, or a savepoint inside the user
  * transaction it belongs to (so a failed tx_enqueue leaves nothing half-written). */
+/* A job inside a transaction (the user's, or a group commit's) is a savepoint in it. */
+static int in_savepoint(const rb_sqlite *s, const job *j) { return j->tx || s->grouping; }
+
 static int scope_begin(rb_sqlite *s, job *j)
 {
-    return exec_sql(s, j, j->tx ? "SAVEPOINT rb_job" : "BEGIN IMMEDIATE");
+    return exec_sql(s, j, in_savepoint(s, j) ? "SAVEPOINT rb_job" : "BEGIN IMMEDIATE");
 }
 
 static int scope_end(rb_sqlite *s, job *j, int rc)
 {
     if (rc == SQLITE_OK) {
-        rc = exec_sql(s, j, j->tx ? "RELEASE rb_job" : "COMMIT");
+        rc = exec_sql(s, j, in_savepoint(s, j) ? "RELEASE rb_job" : "COMMIT");
         if (rc == SQLITE_OK) return rc;
     }
-    if (j->tx) sqlite3_exec(s->db, "ROLLBACK TO rb_job; RELEASE rb_job", NULL, NULL, NULL);
+    if (in_savepoint(s, j)) sqlite3_exec(s->db, "ROLLBACK TO rb_job; RELEASE rb_job", NULL, NULL, NULL);
     else if (!sqlite3_get_autocommit(s->db)) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
     return rc;
 }
@@ -328,7 +234,7 @@ static int scope_end(rb_sqlite *s, job *j, int rc)
 /* 1 while a busy job may still be retried (starting its clock on the first busy). */
 static int may_retry(job *j)
 {
-    double now = mono_now();
+    double now = rb_monotonic();
     if (j->busy_since == 0) j->busy_since = now;
     return now - j->busy_since < RETRY_GIVE_UP;
 }
@@ -385,7 +291,7 @@ static void free_records(job *j)
 
 static int push_record(job *j, rb_delivery *d)
 {
-    rb_delivery **grown = d ? realloc(j->recs, (j->nrecs + 1) * sizeof *grown) : NULL;
+    rb_delivery **grown = d ? rb_realloc(j->recs, (j->nrecs + 1) * sizeof *grown) : NULL;
     if (!grown) { rb_delivery_free(d); return SQLITE_NOMEM; }
     j->recs = grown;
     j->recs[j->nrecs++] = d;
@@ -482,14 +388,14 @@ static int claim_select(rb_sqlite *s, job *j, sqlite3_stmt **out)
     sqlite3_finalize(s->claim_sel);
     s->claim_sel = NULL;
     size_t cap = 512 + j->ntopics * 8;
-    char *sql = malloc(cap);
+    char *sql = rb_malloc(cap);
     if (!sql) return SQLITE_NOMEM;
     size_t n = (size_t)snprintf(sql, cap,
         "SELECT id, attempts >= max_attempts FROM \"{t}\""
         " WHERE status IN ('pending','processing') AND run_at <= ?1"
-        " AND (status = 'pending' OR lease_expires_at <= ?1) AND topic IN (");
+        " AND (status = 'pending' OR " LEASE_OVER("?3", "?4", "?1") ") AND topic IN (");
     for (size_t i = 0; i < j->ntopics; i++)
-        n += (size_t)snprintf(sql + n, cap - n, "%s?%zu", i ? "," : "", i + 3);
+        n += (size_t)snprintf(sql + n, cap - n, "%s?%zu", i ? "," : "", i + 5);
     snprintf(sql + n, cap - n, ") ORDER BY run_at, id LIMIT ?2");
     int rc = prepare_sql(s, j, sql, SQLITE_PREPARE_PERSISTENT, &s->claim_sel);
     free(sql);
@@ -500,18 +406,21 @@ static int claim_select(rb_sqlite *s, job *j, sqlite3_stmt **out)
 }
 
 /* Reads the due candidates (all of them before any update touches the table). */
-static int claim_candidates(rb_sqlite *s, job *j, double now, cand **out, size_t *nout)
+static int claim_candidates(rb_sqlite *s, job *j, double now, double boot_now, cand **out,
+                            size_t *nout)
 {
     sqlite3_stmt *st;
     int rc = claim_select(s, j, &st);
     if (rc != SQLITE_OK) return rc;
     sqlite3_bind_double(st, 1, now);
     sqlite3_bind_int64(st, 2, j->limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)j->limit);
-    for (size_t i = 0; i < j->ntopics; i++) bind_text(st, (int)i + 3, j->topics[i]);
+    bind_boot(st, 3);
+    sqlite3_bind_double(st, 4, boot_now);
+    for (size_t i = 0; i < j->ntopics; i++) bind_text(st, (int)i + 5, j->topics[i]);
     cand *c = NULL;
     size_t n = 0;
     while ((rc = step(s, j, st)) == SQLITE_ROW) {
-        cand *grown = realloc(c, (n + 1) * sizeof *c);
+        cand *grown = rb_realloc(c, (n + 1) * sizeof *c);
         if (!grown) { rc = SQLITE_NOMEM; break; }
         c = grown;
         c[n].id = sqlite3_column_int64(st, 0);
@@ -535,7 +444,8 @@ static int claim_bury(rb_sqlite *s, job *j, sqlite3_int64 id, double now)
     return run_to_done(s, j, st);
 }
 
-static int claim_take(rb_sqlite *s, job *j, sqlite3_int64 id, const char *token, double expires)
+static int claim_take(rb_sqlite *s, job *j, sqlite3_int64 id, const char *token, double expires,
+                      double boot_until)
 {
     sqlite3_stmt *st;
     int rc = prep(s, j, ST_CLAIM_TAKE, &st);
@@ -543,6 +453,8 @@ static int claim_take(rb_sqlite *s, job *j, sqlite3_int64 id, const char *token,
     sqlite3_bind_text(st, 1, token, -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 2, expires);
     sqlite3_bind_int64(st, 3, id);
+    bind_boot(st, 4);
+    sqlite3_bind_double(st, 5, boot_until);
     return collect_records(s, j, st);
 }
 
@@ -555,14 +467,17 @@ static job_rc run_claim(rb_sqlite *s, job *j)
     cand *c = NULL;
     size_t n = 0;
     int rc = scope_begin(s, j);
-    double now = rb_wall_time();    /* after the lock wait, so the lease is not shortened */
-    if (rc == SQLITE_OK) rc = claim_candidates(s, j, now, &c, &n);
+    /* After the lock wait, so the lease is not shortened; the dispatcher times its local
+     * deadline from `mono` (read first: it never runs ahead of the store's lease). */
+    double mono = rb_monotonic(), now = rb_wall_time(), boot_now = rb_boot_time();
+    if (rc == SQLITE_OK) rc = claim_candidates(s, j, now, boot_now, &c, &n);
     for (size_t i = 0; rc == SQLITE_OK && i < n; i++)
         rc = c[i].bury ? claim_bury(s, j, c[i].id, now)
-                       : claim_take(s, j, c[i].id, token, now + j->num);
+                       : claim_take(s, j, c[i].id, token, now + j->num, boot_now + j->num);
     free(c);
     rc = scope_end(s, j, rc);
     if (rc != SQLITE_OK) free_records(j);
+    for (size_t i = 0; rc == SQLITE_OK && i < j->nrecs; i++) j->recs[i]->claimed_at = mono;
     return conclude(j, rc, 1);
 }
 
@@ -595,6 +510,10 @@ static int settle_one(rb_sqlite *s, job *j, rb_settle_op *op, double now)
     bind_text(st, 3, op->token);
     sqlite3_bind_double(st, 4, delay);
     bind_text(st, 5, op->error);
+    if (which == ST_EXTEND) {
+        bind_boot(st, 6);
+        sqlite3_bind_double(st, 7, rb_boot_time());
+    }
     if ((rc = run_to_done(s, j, st)) != SQLITE_OK) return rc;
     op->applied = sqlite3_changes(s->db) > 0;
     if (op->applied && op->kind == RB_OP_EXTEND) op->lease_expires_at = now + delay;
@@ -636,13 +555,16 @@ static void list_sql(const job *j, char *sql, size_t cap)
         hint = " AND status IN ('pending','processing')";
     else if (j->status && (!strcmp(j->status, "completed") || !strcmp(j->status, "buried")))
         hint = " AND status IN ('completed','buried')";
-    snprintf(sql, cap, "SELECT " COLS " FROM \"{t}\" WHERE 1%s%s%s ORDER BY id LIMIT ?3", hint,
-             j->status ? " AND status = ?1" : "", j->topic ? " AND topic = ?2" : "");
+    snprintf(sql, cap, "SELECT " COLS " FROM \"{t}\" WHERE 1%s%s%s%s ORDER BY id%s LIMIT ?3",
+             hint, j->status ? " AND status = ?1" : "", j->topic ? " AND topic = ?2" : "",
+             j->newest && j->after ? " AND id < ?4" : "", j->newest ? " DESC" : "");
 }
 
 static job_rc run_list(rb_sqlite *s, job *j)
 {
     free_records(j);
+    sqlite3_int64 after = 0;
+    if (j->newest && j->after && !parse_id(j->after, &after)) return JOB_DONE;  /* empty page */
     char sql[1024];
     list_sql(j, sql, sizeof sql);
     sqlite3_stmt *st = NULL;
@@ -651,6 +573,7 @@ static job_rc run_list(rb_sqlite *s, job *j)
         bind_text(st, 1, j->status);
         bind_text(st, 2, j->topic);
         sqlite3_bind_int64(st, 3, j->limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)j->limit);
+        if (j->newest && j->after) sqlite3_bind_int64(st, 4, after);
         rc = collect_records(s, j, st);
     }
     sqlite3_finalize(st);
@@ -665,6 +588,8 @@ static job_rc run_stats(rb_sqlite *s, job *j)
     if (rc != SQLITE_OK) return conclude(j, rc, 1);
     double now = rb_wall_time();
     sqlite3_bind_double(st, 1, now);
+    bind_boot(st, 2);
+    sqlite3_bind_double(st, 3, rb_boot_time());
     rc = step(s, j, st);
     if (rc == SQLITE_ROW) {
         j->st.pending = sqlite3_column_int64(st, 0);
@@ -695,6 +620,45 @@ static job_rc run_kick(rb_sqlite *s, job *j)
     }
     if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
     j->notify = j->count > 0;
+    return conclude(j, rc, 1);
+}
+
+static int add_row(rb_rowset *rs, sqlite3_stmt *st);
+static rb_rowset *new_rowset(sqlite3_stmt *st);
+
+/* Bury one (which 1) or delete one settled (which 0), by id. */
+static job_rc run_one(rb_sqlite *s, job *j)
+{
+    sqlite3_int64 id = 0;
+    j->count = 0;
+    if (!parse_id(j->id, &id)) return JOB_DONE;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, j->which ? ST_BURY_ONE : ST_DELETE_ONE, &st);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_double(st, 1, rb_wall_time());
+        sqlite3_bind_int64(st, 2, id);
+        bind_text(st, 3, j->name);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    return conclude(j, rc, 1);
+}
+
+static job_rc run_topic_stats(rb_sqlite *s, job *j)
+{
+    if (j->rows) { rb_rowset_free(j->rows); j->rows = NULL; }   /* a busy retry starts anew */
+    sqlite3_stmt *st = NULL;
+    int rc = prep(s, j, ST_TOPIC_STATS, &st);
+    if (rc == SQLITE_OK && !(j->rows = new_rowset(st))) rc = SQLITE_NOMEM;
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
+        while ((rc = step(s, j, st)) == SQLITE_ROW)
+            if ((rc = add_row(j->rows, st)) != SQLITE_OK) break;
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+    }
+    if (st) { sqlite3_reset(st); sqlite3_clear_bindings(st); }
+    if (rc == SQLITE_NOMEM) note_error(s, j, rc);
+    if (rc != SQLITE_OK && j->rows) { rb_rowset_free(j->rows); j->rows = NULL; }
     return conclude(j, rc, 1);
 }
 
@@ -730,8 +694,12 @@ static job_rc run_lease(rb_sqlite *s, job *j)
     if (rc == SQLITE_OK) {
         bind_text(st, 1, j->name);
         bind_text(st, 2, j->token);
-        sqlite3_bind_double(st, 3, now);
-        sqlite3_bind_double(st, 4, duration);
+        if (j->which != ST_LEASE_RELEASE) {
+            sqlite3_bind_double(st, 3, now);
+            sqlite3_bind_double(st, 4, duration);
+            bind_boot(st, 5);
+            sqlite3_bind_double(st, 6, rb_boot_time());
+        }
         rc = run_to_done(s, j, st);
     }
     if (rc == SQLITE_OK) j->acquired = sqlite3_changes(s->db) > 0;
@@ -740,25 +708,18 @@ static job_rc run_lease(rb_sqlite *s, job *j)
 }
 
 /* --- transactions ----------------------------------------------------------------------- */
-static double monotonic_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void end_tx(rb_sqlite *s)
 {
     free(s->tx);
     s->tx = NULL;
-    s->tx_ended_at = monotonic_now();
+    s->tx_ended_at = rb_monotonic();
 }
 
 static job_rc run_begin(rb_sqlite *s, job *j)
 {
     int rc = exec_sql(s, j, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) return conclude(j, rc, 1);
-    rb_tx *tx = calloc(1, sizeof *tx);
+    rb_tx *tx = rb_calloc(1, sizeof *tx);
     if (!tx) {
         sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
         set_err(j, "sqlite: out of memory");
@@ -816,7 +777,7 @@ static job_rc run_exec(rb_sqlite *s, job *j)
 static int add_row(rb_rowset *rs, sqlite3_stmt *st)
 {
     size_t base = rs->nrows * (size_t)rs->ncols;
-    rb_value *grown = realloc(rs->vals, (base + rs->ncols + 1) * sizeof *grown);
+    rb_value *grown = rb_realloc(rs->vals, (base + rs->ncols + 1) * sizeof *grown);
     if (!grown) return SQLITE_NOMEM;
     rs->vals = grown;
     for (int c = 0; c < rs->ncols; c++) {
@@ -830,7 +791,7 @@ static int add_row(rb_rowset *rs, sqlite3_stmt *st)
             const void *src = type == SQLITE_BLOB ? sqlite3_column_blob(st, c)
                                                   : (const void *)sqlite3_column_text(st, c);
             size_t len = (size_t)sqlite3_column_bytes(st, c);
-            char *copy = malloc(len + 1);
+            char *copy = rb_malloc(len + 1);
             if (!copy) {    /* the row is not counted yet: free its copies here */
                 for (int k = 0; k < c; k++)
                     if (rs->vals[base + k].type == RB_VTEXT) free((char *)rs->vals[base + k].s);
@@ -847,14 +808,14 @@ static int add_row(rb_rowset *rs, sqlite3_stmt *st)
 
 static rb_rowset *new_rowset(sqlite3_stmt *st)
 {
-    rb_rowset *rs = calloc(1, sizeof *rs);
+    rb_rowset *rs = rb_calloc(1, sizeof *rs);
     if (!rs) return NULL;
     int n = sqlite3_column_count(st);
-    rs->names = calloc((size_t)n + 1, sizeof *rs->names);
+    rs->names = rb_calloc((size_t)n + 1, sizeof *rs->names);
     if (!rs->names) { free(rs); return NULL; }
     for (int c = 0; c < n; c++) {
         const char *name = sqlite3_column_name(st, c);
-        rs->names[c] = strdup(name ? name : "?");
+        rs->names[c] = rb_strdup(name ? name : "?");
         rs->ncols = c + 1;
         if (!rs->names[c]) { rs->ncols = c; rb_rowset_free(rs); return NULL; }
     }
@@ -965,6 +926,8 @@ static const job_type T_LIST = {run_list, report_records};
 static const job_type T_STATS = {run_stats, report_stats};
 static const job_type T_KICK = {run_kick, report_count};
 static const job_type T_PURGE = {run_purge, report_count};
+static const job_type T_ONE = {run_one, report_count};
+static const job_type T_TOPIC_STATS = {run_topic_stats, report_rows};
 static const job_type T_LEASE = {run_lease, report_lease};
 static const job_type T_BEGIN = {run_begin, report_tx};
 static const job_type T_EXEC = {run_exec, report_count};
@@ -993,20 +956,6 @@ static void finish(job *j, const char *err)
 
 static queue *queue_of(rb_sqlite *s, job *j) { return j->tx ? &s->txq : &s->q; }
 
-static void queue_push(queue *q, job *j)
-{
-    j->next = NULL;
-    if (q->tail) q->tail->next = j; else q->head = j;
-    q->tail = j;
-}
-
-static job *queue_pop(queue *q)
-{
-    job *j = q->head;
-    if (j && !(q->head = j->next)) q->tail = NULL;
-    return j;
-}
-
 /* While a transaction is open only its jobs run; the others wait their turn. Leftover jobs of
  * a finished transaction run (and fail) before anything else. */
 static job *next_job(rb_sqlite *s)
@@ -1020,8 +969,8 @@ static void destroy(rb_sqlite *s);
 /* Resumes the queue from the loop after `delay` s. */
 static void schedule(rb_sqlite *s, double delay)
 {
-    ev_timer_set(&s->retry, delay, 0);
-    ev_timer_start(s->base.loop, &s->retry);
+    rb_timer_set(&s->retry, delay, 0);
+    rb_timer_start(s->base.loop, &s->retry);
     s->retry_armed = 1;
 }
 
@@ -1029,6 +978,79 @@ static void arm_retry(rb_sqlite *s)
 {
     s->retry_delay = s->retry_delay ? fmin(s->retry_delay * 2, RETRY_MAX) : RETRY_FIRST;
     schedule(s, s->retry_delay);
+}
+
+/* Group commit: single enqueues waiting side by side (tasks and handlers that enqueue, each
+ * waiting for its own) commit in one transaction, each job a savepoint in it, so one job's
+ * failure is its own. A commit costs an fsync: 64 writers then pay one, not 64. */
+#define GROUP_MAX 256
+
+static int groupable(const rb_sqlite *s, const job *j)
+{
+    return j && j->type == &T_ENQUEUE && !j->tx && !s->tx && !s->txq.head;
+}
+
+/* Puts the jobs of list (linked by next) back at the head of the queue, in order. */
+static void requeue_front(rb_sqlite *s, job *list)
+{
+    if (!list) return;
+    job *last = list;
+    while (last->next) last = last->next;
+    RB_FIFO_PUSH_FRONT_LIST(&s->q, list, last);
+}
+
+/* Runs the enqueues at the head of the queue as one transaction and finishes them; JOB_BUSY
+ * (nothing run, nothing taken off the queue) when the write lock is not to be had now. */
+static job_rc run_group(rb_sqlite *s)
+{
+    job *first = s->q.head;
+    int rc = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (is_busy(rc) && may_retry(first)) return JOB_BUSY;
+    job *done = NULL, **tail = &done;
+    size_t n = 0;
+    s->grouping = rc == SQLITE_OK;
+    while (n < GROUP_MAX && groupable(s, s->q.head)) {
+        job *j;
+        RB_FIFO_POP(&s->q, &j);
+        j->err[0] = 0;
+        j->failed = 0;
+        if (rc != SQLITE_OK) set_err(j, "sqlite: %s", sqlite3_errmsg(s->db));
+        else if (j->type->run(s, j) == JOB_BUSY && !j->failed)  /* not under our lock, but */
+            set_err(j, "sqlite: database is busy");
+        if (rc == SQLITE_OK && sqlite3_get_autocommit(s->db)) {
+            /* j's error made SQLite roll the whole transaction back (SQLITE_FULL, an I/O
+             * error, out of memory): a later job's savepoint would begin and commit a
+             * transaction of its own, and the commit fail for all. j has its error; the jobs
+             * before it wrote nothing and go back to the head to run again. */
+            s->grouping = 0;
+            if (!j->failed) set_err(j, "sqlite: the transaction was rolled back");
+            *tail = NULL;
+            requeue_front(s, done);
+            finish(j, j->err);
+            return JOB_DONE;
+        }
+        *tail = j;
+        tail = &j->next;
+        n++;
+    }
+    *tail = NULL;
+    s->grouping = 0;
+    if (rc == SQLITE_OK && (rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
+        char why[200];
+        snprintf(why, sizeof why, "%s", sqlite3_errmsg(s->db));
+        if (!sqlite3_get_autocommit(s->db)) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        if (is_busy(rc) && may_retry(first)) {
+            requeue_front(s, done);     /* nothing was written: they run again */
+            return JOB_BUSY;
+        }
+        for (job *j = done; j; j = j->next)
+            if (!j->failed) set_err(j, "sqlite: commit failed: %s", why);
+    }
+    for (job *j = done, *next; j; j = next) {
+        next = j->next;
+        finish(j, j->failed ? j->err : NULL);
+    }
+    return JOB_DONE;
 }
 
 /* Runs queued jobs in order until the queue is empty, a transaction waits for its owner, or
@@ -1043,14 +1065,20 @@ static void pump(rb_sqlite *s)
     while (!s->closed && (j = next_job(s)) != NULL) {
         if (++ran > PUMP_BATCH) { schedule(s, 0); break; }
         if (j->type == &T_BEGIN && !s->tx) {
-            double wait = s->tx_ended_at + TX_GAP - monotonic_now();
+            double wait = s->tx_ended_at + TX_GAP - rb_monotonic();
             if (wait > 0) { schedule(s, wait); break; }
+        }
+        if (groupable(s, j) && groupable(s, j->next)) {
+            if (run_group(s) == JOB_BUSY) { arm_retry(s); break; }
+            s->retry_delay = 0;
+            continue;
         }
         j->err[0] = 0;
         j->failed = 0;
         if (j->type->run(s, j) == JOB_BUSY) { arm_retry(s); break; }
         s->retry_delay = 0;
-        queue_pop(queue_of(s, j));
+        job *popped;
+        RB_FIFO_POP(queue_of(s, j), &popped);
         finish(j, j->failed ? j->err : NULL);
     }
     s->pumping = 0;
@@ -1069,13 +1097,19 @@ static void submit(rb_sqlite *s, job *j)
 {
     if (s->closed) { finish(j, "store closed"); return; }
     if (j->oom) { finish(j, "sqlite: out of memory"); return; }
-    queue_push(queue_of(s, j), j);
+    RB_FIFO_PUSH(queue_of(s, j), j);
+    /* An enqueue waits for the end of this loop iteration, when the enqueues that others make
+     * meanwhile can commit with it (group commit); inside pump it joins the run at once. */
+    if (groupable(s, j) && !s->pumping) {
+        if (!s->retry_armed) schedule(s, 0);
+        return;
+    }
     pump(s);
 }
 
 static job *new_job(rb_sqlite *s, rb_tx *tx, const job_type *type, void *ud)
 {
-    job *j = calloc(1, sizeof *j);
+    job *j = rb_calloc(1, sizeof *j);
     if (!j) return NULL;
     j->type = type;
     j->s = s;
@@ -1094,9 +1128,9 @@ static job *enqueue_job(rb_sqlite *s, rb_tx *tx, const rb_enqueue_item *items, s
     if (!j) { cb(ud, OOM, NULL, 0); return NULL; }
     j->cb.ids = cb;
     j->nitems = n;
-    j->items = calloc(n + 1, sizeof *j->items);
-    j->idbuf = calloc(n + 1, sizeof *j->idbuf);
-    j->idp = calloc(n + 1, sizeof *j->idp);
+    j->items = rb_calloc(n + 1, sizeof *j->items);
+    j->idbuf = rb_calloc(n + 1, sizeof *j->idbuf);
+    j->idp = rb_calloc(n + 1, sizeof *j->idp);
     if (!j->items || !j->idbuf || !j->idp) { j->oom = 1; return j; }
     for (size_t i = 0; i < n; i++) {
         j->items[i] = items[i];
@@ -1125,7 +1159,7 @@ static void sq_claim(rb_store *base, const rb_claim_req *req, rb_records_cb cb, 
     j->limit = req->limit;
     j->num = sane_secs(req->lease_duration);
     j->ntopics = req->ntopics;
-    j->topics = calloc(req->ntopics + 1, sizeof *j->topics);
+    j->topics = rb_calloc(req->ntopics + 1, sizeof *j->topics);
     if (!j->topics) j->oom = 1;
     for (size_t i = 0; j->topics && i < req->ntopics; i++)
         j->topics[i] = keep(j, req->topics[i] ? req->topics[i] : "");
@@ -1163,6 +1197,8 @@ static void sq_list(rb_store *base, const rb_list_req *req, rb_records_cb cb, vo
     j->status = keep(j, req ? req->status : NULL);
     j->topic = keep(j, req ? req->topic : NULL);
     j->limit = req && req->limit ? req->limit : LIST_DEFAULT;
+    j->newest = req && req->newest_first;
+    j->after = keep(j, req && req->newest_first ? req->after : NULL);
     submit(s, j);
 }
 
@@ -1199,36 +1235,53 @@ static void sq_purge(rb_store *base, const char *status, double older_than, size
     submit(s, j);
 }
 
-static void lease_op(rb_store *base, int which, const char *name, const char *token,
+static void sq_topic_stats(rb_store *base, rb_rows_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_TOPIC_STATS, ud);
+    if (!j) { cb(ud, OOM, NULL); return; }
+    j->cb.rows = cb;
+    submit(s, j);
+}
+
+static void one_op(rb_store *base, int bury, const char *id, const char *reason,
+                   rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_ONE, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->which = bury;
+    j->id = keep(j, id);
+    j->name = keep(j, reason);
+    submit(s, j);
+}
+
+static void sq_bury(rb_store *base, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    one_op(base, 1, id, reason, cb, ud);
+}
+
+static void sq_remove(rb_store *base, const char *id, rb_count_cb cb, void *ud)
+{
+    one_op(base, 0, id, NULL, cb, ud);
+}
+
+static void sq_lease(rb_store *base, rb_lease_op kind, const char *name, const char *token,
                      double duration, rb_lease_cb cb, void *ud)
 {
+    static const int stmts[] = {[RB_LEASE_ACQUIRE] = ST_LEASE_ACQUIRE,
+                                [RB_LEASE_EXTEND] = ST_LEASE_EXTEND,
+                                [RB_LEASE_RELEASE] = ST_LEASE_RELEASE};
     rb_sqlite *s = (rb_sqlite *)base;
     job *j = new_job(s, NULL, &T_LEASE, ud);
     if (!j) { cb(ud, OOM, 0, 0); return; }
     j->cb.lease = cb;
-    j->which = which;
+    j->which = stmts[kind];
     j->name = keep(j, name ? name : "");
     j->token = keep(j, token ? token : "");
-    j->num = duration;
+    j->num = kind == RB_LEASE_RELEASE ? 0 : duration;
     submit(s, j);
-}
-
-static void sq_lease_acquire(rb_store *s, const char *name, const char *token, double duration,
-                             rb_lease_cb cb, void *ud)
-{
-    lease_op(s, ST_LEASE_ACQUIRE, name, token, duration, cb, ud);
-}
-
-static void sq_lease_extend(rb_store *s, const char *name, const char *token, double duration,
-                            rb_lease_cb cb, void *ud)
-{
-    lease_op(s, ST_LEASE_EXTEND, name, token, duration, cb, ud);
-}
-
-static void sq_lease_release(rb_store *s, const char *name, const char *token, rb_lease_cb cb,
-                             void *ud)
-{
-    lease_op(s, ST_LEASE_RELEASE, name, token, 0, cb, ud);
 }
 
 static void sq_begin(rb_store *base, rb_tx_cb cb, void *ud)
@@ -1254,7 +1307,7 @@ static job *stmt_job(rb_tx *tx, const job_type *type, const char *sql, const rb_
     if (!j) return NULL;
     j->sql = keep(j, sql ? sql : "");
     j->nparams = n;
-    j->params = calloc(n + 1, sizeof *j->params);
+    j->params = rb_calloc(n + 1, sizeof *j->params);
     if (!j->params) { j->oom = 1; return j; }
     for (size_t i = 0; i < n; i++) {
         j->params[i] = params[i];
@@ -1282,27 +1335,47 @@ static void sq_tx_query(rb_tx *tx, const char *sql, const rb_value *params, size
     submit(tx->s, j);
 }
 
+/* No memory for the job that ends a transaction: it ends now all the same, rolled back, or
+ * it would hold the connection, and with it every other operation of the store, for ever. */
+static void end_tx_now(rb_tx *tx)
+{
+    rb_sqlite *s = tx->s;
+    if (s->tx != tx) return;        /* already over: its jobs report that */
+    abandon_tx(s);
+    pump(s);                        /* what waited for the transaction runs */
+}
+
 /* complete (when given) must stay valid until the callback: its result goes into it. */
 static void sq_commit(rb_tx *tx, rb_settle_op *complete, rb_done_cb cb, void *ud)
 {
     job *j = new_job(tx->s, tx, &T_COMMIT, ud);
-    if (!j) { cb(ud, OOM); return; }
+    if (!j) {
+        if (complete) complete->applied = 0;
+        end_tx_now(tx);
+        cb(ud, OOM);
+        return;
+    }
     j->cb.done = cb;
     j->ops = complete;
     submit(tx->s, j);
 }
 
+/* cb may be NULL: callers that wait for nothing roll back without one. */
 static void sq_rollback(rb_tx *tx, rb_done_cb cb, void *ud)
 {
     job *j = new_job(tx->s, tx, &T_ROLLBACK, ud);
-    if (!j) { cb(ud, OOM); return; }
+    if (!j) {
+        end_tx_now(tx);
+        if (cb) cb(ud, NULL);       /* rolled back */
+        return;
+    }
     j->cb.done = cb;
     submit(tx->s, j);
 }
 
 static void destroy(rb_sqlite *s)
 {
-    ev_timer_stop(s->base.loop, &s->retry);
+    rb_timer_stop(s->base.loop, &s->retry);
     for (int i = 0; i < ST_COUNT; i++) sqlite3_finalize(s->stmts[i]);
     sqlite3_finalize(s->claim_sel);
     free(s->tx);    /* closing the connection rolls an open transaction back */
@@ -1315,7 +1388,11 @@ static void destroy(rb_sqlite *s)
 static void fail_queue(queue *q)
 {
     job *j;
-    while ((j = queue_pop(q)) != NULL) finish(j, "store closed");
+    for (;;) {
+        RB_FIFO_POP(q, &j);
+        if (!j) break;
+        finish(j, "store closed");
+    }
 }
 
 static void sq_close(rb_store *base)
@@ -1323,7 +1400,7 @@ static void sq_close(rb_store *base)
     rb_sqlite *s = (rb_sqlite *)base;
     if (s->closed) return;
     s->closed = 1;
-    ev_timer_stop(s->base.loop, &s->retry);
+    rb_timer_stop(s->base.loop, &s->retry);
     s->retry_armed = 0;
     fail_queue(&s->txq);
     fail_queue(&s->q);
@@ -1341,9 +1418,10 @@ static const rb_store_vtable sqlite_vt = {
     .stats = sq_stats,
     .kick = sq_kick,
     .purge = sq_purge,
-    .lease_acquire = sq_lease_acquire,
-    .lease_extend = sq_lease_extend,
-    .lease_release = sq_lease_release,
+    .topic_stats = sq_topic_stats,
+    .bury = sq_bury,
+    .remove = sq_remove,
+    .lease = sq_lease,
     .begin = sq_begin,
     .tx_enqueue = sq_tx_enqueue,
     .tx_exec = sq_tx_exec,
@@ -1355,131 +1433,46 @@ static const rb_store_vtable sqlite_vt = {
     .close = sq_close,
 };
 
-/* --- opening and migrations ------------------------------------------------------------- */
-/* The schema version recorded for this deliveries table (0 when none); -1 on error. */
-static int schema_version(sqlite3 *db, const char *table)
-{
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, "SELECT version FROM relaybus_schema WHERE name = ?1", -1, &st,
-                           NULL) != SQLITE_OK) return -1;
-    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(st), v = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
-    sqlite3_finalize(st);
-    return rc == SQLITE_ROW || rc == SQLITE_DONE ? v : -1;
-}
-
-static int exec_template(sqlite3 *db, const char *tmpl, const char *table)
-{
-    char *sql = expand(tmpl, table);
-    if (!sql) return SQLITE_NOMEM;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
-    free(sql);
-    return rc;
-}
-
-static int record_version(sqlite3 *db, const char *table)
-{
-    sqlite3_stmt *st;
-    int rc = sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO relaybus_schema (name, version)"
-                                " VALUES (?1, ?2)", -1, &st, NULL);
-    if (rc != SQLITE_OK) return rc;
-    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 2, SCHEMA_VERSION);
-    rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-/* Applies the migrations this table lacks, in one transaction; idempotent. */
-static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
-{
-    /* Current already (the usual case): a read says so, and no write lock is taken -- a
-     * worker restarting beside a busy one must not queue for the single writer. */
-    if (schema_version(db, table) == SCHEMA_VERSION) return 0;
-    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
-                          " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
-    int v = rc == SQLITE_OK ? schema_version(db, table) : -1;
-    if (v > SCHEMA_VERSION) {
-        snprintf(err, errlen, "sqlite: table '%s' has schema version %d, newer than this "
-                 "relaybus knows (%d)", table, v, SCHEMA_VERSION);
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return -1;
-    }
-    if (v < 0) rc = rc == SQLITE_OK ? SQLITE_ERROR : rc;
-    for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++)
-        rc = exec_template(db, migrations[i], table);
-    if (rc == SQLITE_OK && v < SCHEMA_VERSION) rc = record_version(db, table);
-    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        snprintf(err, errlen, "sqlite: cannot create the schema of '%s': %s", table,
-                 sqlite3_errmsg(db));
-        if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return -1;
-    }
-    return 0;
-}
-
-/* Without migrate the schema must already be there, at this version. */
-static int check_schema(sqlite3 *db, const char *table, char *err, size_t errlen)
-{
-    int v = schema_version(db, table);
-    if (v == SCHEMA_VERSION) return 0;
-    if (v > SCHEMA_VERSION)
-        snprintf(err, errlen, "sqlite: table '%s' has schema version %d, newer than this "
-                 "relaybus knows (%d)", table, v, SCHEMA_VERSION);
-    else
-        snprintf(err, errlen, "sqlite: the schema of table '%s' is missing or outdated "
-                 "(run relaybus migrate)", table);
-    return -1;
-}
-
-/* WAL lets several processes share the file (readers never wait for the writer). */
-static int configure(sqlite3 *db, const char *path, char *err, size_t errlen)
-{
-    sqlite3_busy_timeout(db, OPEN_TIMEOUT_MS);
-    if (sqlite3_db_readonly(db, "main") == 1) {
-        snprintf(err, errlen, "sqlite: database '%s' is read-only", path);
-        return -1;
-    }
-    int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) & 0xff;
-    if (rc == SQLITE_READONLY || rc == SQLITE_CANTOPEN || rc == SQLITE_PERM)
-        snprintf(err, errlen, "sqlite: cannot use '%s' in WAL mode (%s; the file and its "
-                 "directory must be writable)", path, sqlite3_errmsg(db));
-    else if (rc != SQLITE_OK)
-        snprintf(err, errlen, "sqlite: %s '%s'", sqlite3_errmsg(db), path);
-    return rc == SQLITE_OK ? 0 : -1;
-}
-
 rb_store *rb_sqlite_open(struct ev_loop *loop, const char *path, const rb_store_options *opts,
                          char *err, size_t errlen)
 {
     const char *table = opts && opts->table ? opts->table : "relaybus_deliveries";
+    int want_migrate = opts ? opts->migrate : 1;
     if (!rb_valid_identifier(table)) {
         snprintf(err, errlen, "invalid table name '%s' (letters, digits and _ only)", table);
         return NULL;
     }
-    rb_sqlite *s = calloc(1, sizeof *s);
-    if (!s || !(s->base.table = strdup(table))) {
+    /* sqlite:PATH names a file, never an SQLite URI filename (which this SQLite may or may
+     * not interpret, depending on how it was built). */
+    char *local = NULL;
+    if (strncmp(path, "file:", 5) == 0) {
+        size_t n = strlen(path) + 3;
+        if (!(local = rb_malloc(n))) {
+            snprintf(err, errlen, OOM);
+            return NULL;
+        }
+        snprintf(local, n, "./%s", path);
+        path = local;
+    }
+    int memory = strcmp(path, ":memory:") == 0;
+    rb_sqlite *s = rb_calloc(1, sizeof *s);
+    if (!s || !(s->base.table = rb_strdup(table))) {
         free(s);
+        free(local);
         snprintf(err, errlen, OOM);
         return NULL;
     }
     s->base.vt = &sqlite_vt;
     s->base.loop = loop;
-    ev_timer_init(&s->retry, on_retry, 0, 0);
-    s->retry.data = s;
-    int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
-    if (rc != SQLITE_OK)
-        snprintf(err, errlen, "sqlite: %s '%s'", s->db ? sqlite3_errmsg(s->db)
-                                                       : sqlite3_errstr(rc), path);
-    if (rc != SQLITE_OK || configure(s->db, path, err, errlen) != 0 ||
-        (opts && !opts->migrate ? check_schema(s->db, table, err, errlen)
-                                : migrate(s->db, table, err, errlen)) != 0) {
-        sqlite3_close_v2(s->db);
+    rb_timer_init(&s->retry, on_retry, 0, 0);
+    s->retry.w.data = s;
+    if (rb_sqlite_open_file(path, table, want_migrate, memory, &s->db, err, errlen) != 0) {
         free(s->base.table);
         free(s);
+        free(local);
         return NULL;
     }
+    free(local);
     sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
     return &s->base;
 }

@@ -15,18 +15,6 @@ local relaybus = S.relaybus()
 
 local WORKER = S.support .. "/fault_txworker.lua"
 
--- Is the MongoDB of the matrix a replica set? Decided without a test when the URL or
--- RELAYBUS_TEST_MONGO_RS says so; else by probing a transaction. A server that cannot be
--- reached counts as "yes", so the spec runs and fails instead of hiding it.
-local function mongo_rs(entry)
-  if entry.unavailable then return false end
-  local store = relaybus.open(entry.url())
-  if not store then return true end
-  local rs = H.mongo_replica_set(store)
-  store:close()
-  return rs
-end
-
 -- The application table's rows per delivery id: id -> {n=, fence=}, and the total.
 local function app_rows(entry, store, app, all)
   local per, total = {}, 0
@@ -64,7 +52,7 @@ local function app_rows(entry, store, app, all)
 end
 
 for _, entry in ipairs(S.list()) do
-  if entry.name ~= "mongodb" or mongo_rs(entry) then
+  if entry.name ~= "mongodb" or H.mongo_rs(entry) then
     describe("effectively-once on " .. entry.name .. ":", function()
       local store, url, opts, tbl, app
 
@@ -115,35 +103,14 @@ for _, entry in ipairs(S.list()) do
           return s > ended
         end
         local t0 = relaybus.now()
-        local kills, done, cuts = 0, 0, 0
-        math.randomseed(os.time())
-        local next_kill = relaybus.now() + 0.2
-        while relaybus.now() - t0 < 150 do
-          S.sleep(0.02)
-          done = assert(store:stats()).completed
-          if done == N then break end
-          -- kill a worker with runs (open transactions) in flight, now and then
-          local candidates = {}
-          for slot = 1, 3 do
-            if busy(slots[slot]) then candidates[#candidates + 1] = slot end
-          end
-          -- at least 8 kills, and more (up to 20) until one has cut a run in flight
-          local want = kills < 8 or (cuts == 0 and kills < 20)
-          if want and done < N * 0.9 and #candidates > 0 and relaybus.now() >= next_kill then
-            next_kill = relaybus.now() + 0.2 + math.random() * 0.6
-            local slot = candidates[math.random(1, #candidates)]
-            S.kill(slots[slot].proc)
-            slots[slot].ended_at = relaybus.now()
-            kills = kills + 1
-            if busy(slots[slot]) then cuts = cuts + 1 end   -- its log has a run that never ended
-            start(slot)
-          end
-          for slot = 1, 3 do
-            local rc = S.rc(slots[slot].proc)
-            assert.is_nil(rc, "worker " .. slot .. " exited by itself (" .. tostring(rc) .. "): "
-              .. (S.read(slots[slot].proc.err) or ""))
-          end
-        end
+        -- kill workers with runs (open transactions) in flight: at least 8 kills, and more (up
+        -- to 20) until one has cut a run in flight (its log has a run that never ended)
+        local cuts = 0
+        local _, kills = H.chaos(store, N, slots, {
+          gap = 0.2, poll = 0.02, busy = busy, restart = start,
+          more = function(kills) return kills < 8 or (cuts == 0 and kills < 20) end,
+          on_kill = function(inc) if busy(inc) then cuts = cuts + 1 end end,
+        })
         for slot = 1, 3 do
           if F.count(slots[slot].log, "READY") > 0 then
             S.signal(slots[slot].proc, "TERM")
@@ -154,11 +121,7 @@ for _, entry in ipairs(S.list()) do
           slots[slot].ended_at = relaybus.now()
         end
 
-        local st = assert(store:stats())
-        assert.equal(N, st.completed, string.format("completed %d of %d after %.0f s (%d kills)",
-          st.completed, N, relaybus.now() - t0, kills))
-        assert.equal(0, st.pending + st.processing + st.buried)
-        assert.is_true(kills >= 1, "no worker was killed: the drain finished too fast to test")
+        H.drained_through_kills(store, N, t0, kills)
 
         local logs = {}
         for i, inc in ipairs(incarnations) do logs[i] = inc.log end

@@ -1,5 +1,5 @@
 -- mongo_input_spec.lua -- what MongoDB users get wrong: a URL without a database (the
--- contract's default, relaybus, is used), payloads BSON cannot hold (a key with a NUL), and
+-- documented default, relaybus, is used), payloads BSON cannot hold (a key with a NUL), and
 -- transactions on a server without a replica set. One-line errors, nothing written.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"

@@ -87,10 +87,13 @@ if entry then
     end)
 
     it("a payload PostgreSQL rejects (a NUL in a string, jsonb refuses \\u0000) gives nil, err and writes nothing", function()
-      for i, p in ipairs { "a\0b", { note = "x\0" }, { ["k\0ey"] = 1 }, { list = { "ok", "\0" } } } do
+      for i, p in ipairs { "a\0b", { note = "x\0" }, { list = { "ok", "\0" } } } do
         local err = fails(store.enqueue, store, "pi.nul", p)
-        assert.is_string(err, "payload #" .. i)
+        assert.truthy(err:find("NUL", 1, true), "payload #" .. i .. ": " .. err)
       end
+      -- a NUL in a key is refused before any store sees it (JSON parsers cannot read it back)
+      assert.is_string(refused(store.enqueue, store, "pi.nul", { ["k\0ey"] = 1 }))
+      fails(store.enqueue_json, store, "pi.nul", '{"note": "x\\u0000"}')
       assert.equal(0, (H.total(store)))
       -- enqueue_many is all or none
       fails(store.enqueue_many, store, { { "pi.nul", 1 }, { "pi.nul", "bad\0" }, { "pi.nul", 3 } })

@@ -30,12 +30,6 @@ for _, entry in ipairs(S.list()) do
       return S.spawn(WORKER, { url, opts.table or "-", log }, { env = env })
     end
 
-    -- SIGTERM: a worker with nothing running stops gracefully and exits 0.
-    local function term(p)
-      S.signal(p, "TERM")
-      return S.wait_exit(p, 15)
-    end
-
     before_each(function()
       store, url, opts = S.open(entry)
     end)
@@ -59,7 +53,7 @@ for _, entry in ipairs(S.list()) do
       local B = worker(logB, { RB_SLEEP = "0.01", RB_CONC = "8", RB_LEASE = "1.5" })
       assert.truthy(S.wait_for(function() return assert(store:stats()).completed == 20 end, 30),
         "not all 20 completed: " .. (S.read(B.err) or ""))
-      assert.equal(0, term(B))
+      assert.equal(0, S.term(B))
       local st = assert(store:stats())
       assert.equal(20, st.completed)
       assert.equal(0, st.pending + st.processing + st.buried)
@@ -120,15 +114,15 @@ for _, entry in ipairs(S.list()) do
       assert.equal(2, done.attempts)
       assert.equal(fenceB, done.fence)
       assert.is_nil(done.last_error)
-      assert.equal(0, term(A))
-      assert.equal(0, term(B))
+      assert.equal(0, S.term(A))
+      assert.equal(0, S.term(B))
     end)
 
     it("10,000 deliveries (2,000 on FerretDB) with 3 workers and random SIGKILLs: none lost, no two runs of one delivery overlap", function()
       -- the clock the workers log with must be the one this process reads
       H.near(S.mono(), relaybus.now(), 0.5, "relaybus.now() against CLOCK_MONOTONIC")
       -- FerretDB runs a few hundred deliveries a second (several commands each, see
-      -- store_mongo.c): there the same check runs on fewer, still enough for the kills to land
+      -- runtime/mongo/): there the same check runs on fewer, still enough for the kills to land
       -- mid-drain
       local N = tonumber(os.getenv("RELAYBUS_STRESS_N_" .. entry.name:upper()) or "")
         or tonumber(os.getenv("RELAYBUS_STRESS_N") or "")
@@ -158,42 +152,16 @@ for _, entry in ipairs(S.list()) do
       end
       for slot = 1, 3 do start(slot) end
       local t0 = relaybus.now()
-      local kills, completed = 0, 0
-      math.randomseed(os.time())
-      local next_kill = relaybus.now() + 0.3
-      while relaybus.now() - t0 < 150 do
-        S.sleep(0.1)
-        completed = assert(store:stats()).completed
-        if completed == N then break end
-        -- kill a worker that is running deliveries right now (its log has starts without ends)
-        local busy = {}
-        for slot = 1, 3 do
-          if count(slots[slot].log, "S") > count(slots[slot].log, "E") then busy[#busy + 1] = slot end
-        end
-        if kills < 8 and completed < N * 0.9 and #busy > 0 and relaybus.now() >= next_kill then
-          next_kill = relaybus.now() + 0.3 + math.random() * 0.9
-          local slot = busy[math.random(1, #busy)]
-          local inc = slots[slot]
-          S.kill(inc.proc)
-          inc.ended_at = relaybus.now() -- after the process is gone: no run of it goes past this
-          kills = kills + 1
-          start(slot)
-        end
-        for slot = 1, 3 do
-          local rc = S.rc(slots[slot].proc)
-          assert.is_nil(rc, "worker " .. slot .. " exited by itself (" .. tostring(rc) .. "): "
-            .. (S.read(slots[slot].proc.err) or ""))
-        end
-      end
+      -- kill a worker that is running deliveries right now (its log has starts without ends)
+      local _, kills = H.chaos(store, N, slots, {
+        gap = 0.3, busy = function(inc) return count(inc.log, "S") > count(inc.log, "E") end,
+        restart = start, more = function(kills) return kills < 8 end,
+      })
       for slot = 1, 3 do
-        assert.equal(0, term(slots[slot].proc), "worker " .. slot .. " did not stop gracefully")
+        assert.equal(0, S.term(slots[slot].proc), "worker " .. slot .. " did not stop gracefully")
         slots[slot].ended_at = relaybus.now()
       end
-      local st = assert(store:stats())
-      assert.equal(N, st.completed, string.format("completed %d of %d after %.0f s (%d kills)",
-        st.completed, N, relaybus.now() - t0, kills))
-      assert.equal(0, st.pending + st.processing + st.buried)
-      assert.is_true(kills >= 1, "no worker was killed: the drain finished too fast to test")
+      H.drained_through_kills(store, N, t0, kills)
 
       -- every run of every delivery, as an interval on the monotonic clock
       local runs = {}   -- id -> list of {s, e}

@@ -107,7 +107,9 @@ local function run_two(url, opts, streams, query, extra)
     args[#args + 1] = "--stream"
     args[#args + 1] = s
   end
-  local procs = { S.spawn(EXAMPLE, args), S.spawn(EXAMPLE, args) }
+  -- (at warn: the command logs each raise at info, and a 503 raises on purpose here)
+  local quiet = { env = { RELAYBUS_LOG = "warn" } }
+  local procs = { S.spawn(EXAMPLE, args, quiet), S.spawn(EXAMPLE, args, quiet) }
   local outs = {}
   for i, p in ipairs(procs) do
     local rc = S.wait_exit(p, 90)

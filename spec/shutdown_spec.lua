@@ -1,4 +1,4 @@
--- shutdown_spec.lua -- each clause of the contract's Shutdown section, with the times measured
+-- shutdown_spec.lua -- each clause of docs/lua.md "Shutdown" (d:stop), with the times measured
 -- against the stop's timeout T: stop claiming; wait for running handlers up to 4/5 of T; abort
 -- the rest (reason "shutdown") and release them without consuming an attempt; end by T, and
 -- abandon what the store could not confirm; `relaybus run` stops on SIGINT/SIGTERM and exits at

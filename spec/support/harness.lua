@@ -69,6 +69,13 @@ function H.poll(cond, limit)
 end
 
 -- In a spec: the counts of a store, summed.
+-- Enqueues n deliveries of topic, payloads { i = 1.. n }, in one enqueue_many.
+function H.fill(store, topic, n)
+  local batch = {}
+  for i = 1, n do batch[i] = { topic, { i = i } } end
+  return assert(store:enqueue_many(batch))
+end
+
 function H.total(store)
   local st = assert(store:stats())
   return st.pending + st.processing + st.completed + st.buried, st
@@ -79,6 +86,44 @@ function H.near(want, x, tol, what)
   assert(type(x) == "number", (what or "value") .. " is not a number: " .. tostring(x))
   assert(math.abs(x - want) <= tol, string.format("%s: expected %.3f +- %.3f, got %.3f",
     what or "value", want, tol, x))
+  return true
+end
+
+-- Are `want` and `got` the same value exactly: the same types, integers as integers, floats
+-- to the last bit (-0.0 is not 0.0), tables key by key (raw)? Returns true, or false and where
+-- they differ. assert.same cannot tell 1 from 1.0 or 0.0 from -0.0.
+function H.exactly(want, got, path)
+  path = path or "value"
+  if type(want) ~= type(got) then
+    return false, string.format("%s: %s expected, got %s", path, type(want), type(got))
+  end
+  if type(want) == "number" then
+    if math.type(want) ~= math.type(got) then
+      return false, string.format("%s: %s %s expected, got %s %s", path, math.type(want),
+        tostring(want), math.type(got), tostring(got))
+    end
+    if string.pack("<n", want) ~= string.pack("<n", got) then
+      return false, string.format("%s: %.17g expected, got %.17g", path, want, got)
+    end
+    return true
+  end
+  if type(want) ~= "table" then
+    if rawequal(want, got) then return true end
+    return false, string.format("%s: %q expected, got %q", path, tostring(want), tostring(got))
+  end
+  for k, v in next, want do
+    local ok, why = H.exactly(v, rawget(got, k), path .. "[" .. string.format("%q", k) .. "]")
+    if not ok then return false, why end
+  end
+  for k in next, got do
+    if rawget(want, k) == nil then return false, path .. ": unexpected key " .. tostring(k) end
+  end
+  return true
+end
+
+function H.assert_exactly(want, got, what)
+  local ok, why = H.exactly(want, got, what)
+  require("luassert").is_true(ok, why)
   return true
 end
 
@@ -110,8 +155,67 @@ function H.mongo_replica_set(store)
   return mongo_rs
 end
 
+-- Whether the matrix entry's MongoDB runs transactions (H.mongo_replica_set); false for an
+-- entry whose server is unavailable, true for one that cannot be opened (the specs then run
+-- and fail instead of hiding it).
+function H.mongo_rs(entry)
+  if entry.unavailable then return false end
+  local store = relaybus.open(entry.url())
+  if not store then return true end
+  local rs = H.mongo_replica_set(store)
+  store:close()
+  return rs
+end
+
 -- (luassert here: a support module does not get the spec files' assert)
 local la = require "luassert"
+
+-- Kills busy workers while a backlog drains: every `gap` s or so (jittered), one of the
+-- worker slots o.busy(slot) says has runs in flight is SIGKILLed, its slot's ended_at set once
+-- it is gone, and o.restart(slot) starts a new one there; while o.more(kills, ...) wants more
+-- kills and under 90 % of the n deliveries are completed. A worker that exits by itself fails
+-- the spec. Ends when all n are completed or after o.limit s (default 150); returns the
+-- completed count and the kills (and o.on_kill(slot) may count what a kill cut).
+function H.chaos(store, n, slots, o)
+  local t0 = relaybus.now()
+  local kills, done = 0, 0
+  math.randomseed(os.time())
+  local gap = o.gap or 0.3
+  local next_kill = relaybus.now() + gap
+  while relaybus.now() - t0 < (o.limit or 150) do
+    S.sleep(o.poll or 0.1)
+    done = la(store:stats()).completed
+    if done == n then break end
+    local busy = {}
+    for slot = 1, #slots do
+      if o.busy(slots[slot]) then busy[#busy + 1] = slot end
+    end
+    if o.more(kills) and done < n * 0.9 and #busy > 0 and relaybus.now() >= next_kill then
+      next_kill = relaybus.now() + gap + math.random() * 3 * gap
+      local slot = busy[math.random(1, #busy)]
+      S.kill(slots[slot].proc)
+      slots[slot].ended_at = relaybus.now()   -- the process is gone: no run of it goes past this
+      kills = kills + 1
+      if o.on_kill then o.on_kill(slots[slot]) end
+      o.restart(slot)
+    end
+    for slot = 1, #slots do
+      local rc = S.rc(slots[slot].proc)
+      la.is_nil(rc, "worker " .. slot .. " exited by itself (" .. tostring(rc) .. "): "
+        .. (S.read(slots[slot].proc.err) or ""))
+    end
+  end
+  return done, kills
+end
+
+-- After H.chaos: all n deliveries completed, none left or buried, and a kill happened.
+function H.drained_through_kills(store, n, t0, kills)
+  local st = la(store:stats())
+  la.equal(n, st.completed, string.format("completed %d of %d after %.0f s (%d kills)",
+    st.completed, n, relaybus.now() - t0, kills))
+  la.equal(0, st.pending + st.processing + st.buried)
+  la.is_true(kills >= 1, "no worker was killed: the drain finished too fast to test")
+end
 
 -- Misuse raises an error that starts with "relaybus:"; returns the message.
 function H.raises_relaybus(fn, ...)

@@ -392,6 +392,65 @@ static void answer_pushes(conn *c)
     respond_buf(c, 200, &b);
 }
 
+/* ---- /respond: an answer made to order ----
+ * /respond?status=N&h=LINE&body=TEXT answers N with each h (repeatable) sent as a raw header
+ * line and TEXT as the body, all percent-decoded: so a spec can send any Location, Retry-After,
+ * folded or malformed header line, or bytes that are not UTF-8. */
+static int hex_digit(char ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+static void buf_add_decoded(buf *b, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (ch == '%' && i + 2 < n && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
+            ch = (char)(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]));
+            i += 2;
+        } else if (ch == '+') {
+            ch = ' ';
+        }
+        buf_add(b, &ch, 1);
+    }
+}
+
+static void answer_respond(conn *c, const request *r)
+{
+    const char *q = strchr(r->path, '?');
+    int status = 200;
+    buf hdrs = {0}, body = {0};
+    for (const char *p = q ? q + 1 : ""; *p;) {
+        size_t len = strcspn(p, "&");
+        const char *eq = memchr(p, '=', len);
+        if (eq) {
+            size_t nl = (size_t)(eq - p);
+            const char *v = eq + 1;
+            size_t vl = len - nl - 1;
+            if (nl == 6 && strncmp(p, "status", 6) == 0) {
+                status = atoi(v);
+            } else if (nl == 1 && p[0] == 'h') {
+                buf_add_decoded(&hdrs, v, vl);
+                buf_add(&hdrs, "\r\n", 2);
+            } else if (nl == 4 && strncmp(p, "body", 4) == 0) {
+                buf_add_decoded(&body, v, vl);
+            }
+        }
+        p += len;
+        if (*p) p++;
+    }
+    buf_addf(&c->out, "HTTP/1.1 %d X\r\nContent-Length: %zu\r\n", status, body.len);
+    buf_add(&c->out, hdrs.p ? hdrs.p : "", hdrs.len);
+    if (c->close_after) buf_add(&c->out, "Connection: close\r\n", 19);
+    buf_add(&c->out, "\r\n", 2);
+    buf_add(&c->out, body.p ? body.p : "", body.len);
+    free(hdrs.p);
+    free(body.p);
+}
+
 static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)revents;
@@ -406,7 +465,9 @@ static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
  *   /slow/MS         200 after MS ms          /echo           the request as JSON
  *   /count           counts POSTs per X-Relaybus-Id; GET /counts returns {id: n}
  *   /last            the latest /echo answer  /repeat         a header sent twice
- *   /redirect/N      302 to /status/N
+ *   /redirect/N      302 to /status/N      /loop           302 to itself
+ *   /chain/N         302 to /chain/N-1, and /chain/0 answers 200: N redirects
+ *   /respond?...     an answer made to order (status=, h=, body=; see answer_respond)
  *   /stats           {hangs_open, hangs_total, connections}: cuts and connection reuse
  *   /push/STREAM     an RFC 8935 receiver (202; fail=, reject=, delay=); GET /pushes: the log */
 static void dispatch(struct ev_loop *loop, conn *c, const request *r)
@@ -443,6 +504,17 @@ static void dispatch(struct ev_loop *loop, conn *c, const request *r)
     } else if (sscanf(r->path, "/redirect/%ld", &n) == 1) {
         snprintf(hdr, sizeof hdr, "Location: /status/%ld\r\n", n);
         respond(c, 302, hdr, "moved", 5);
+    } else if (strcmp(r->path, "/loop") == 0) {
+        respond(c, 302, "Location: /loop\r\n", "again", 5);
+    } else if (sscanf(r->path, "/chain/%ld", &n) == 1) {
+        if (n <= 0) {
+            respond(c, 200, NULL, "end", 3);
+        } else {
+            snprintf(hdr, sizeof hdr, "Location: /chain/%ld\r\n", n - 1);
+            respond(c, 302, hdr, "next", 4);
+        }
+    } else if (strncmp(r->path, "/respond", 8) == 0 && (r->path[8] == '?' || !r->path[8])) {
+        answer_respond(c, r);
     } else if (strcmp(r->path, "/last") == 0) {
         respond(c, 200, "Content-Type: application/json\r\n", last_echo.len ? last_echo.p : "{}",
                 last_echo.len ? last_echo.len : 2);

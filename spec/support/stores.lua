@@ -7,13 +7,18 @@
 -- is set and MongoDB when RELAYBUS_TEST_MONGO is set (a fresh table / collection name per call,
 -- passed as opts.table). With CI=true an unset variable gives an entry whose url() raises
 -- "server not available", so every spec of that store fails instead of being skipped.
+-- Each entry has a `kind` (sqlite, postgresql, mongodb). M.list{dialects = true} (the
+-- conformance spec) adds "mongodb-dialect": the same server with ?dialect=mongodb, so on
+-- FerretDB the code path of a real MongoDB runs (docs/stores.md says what it cannot show).
 local M = {}
 
 local build = os.getenv("RELAYBUS_BUILD") or "build"
 local cwd = os.getenv("PWD") or "."
 if build:sub(1, 1) ~= "/" then build = cwd .. "/" .. build end
 M.build = build
-M.bin = build .. "/relaybus"
+-- The command the specs start: scripts/test.sh may name a wrapper that runs build/relaybus
+-- with LeakSanitizer on (RELAYBUS_BIN); the specs' own process is not checked.
+M.bin = os.getenv("RELAYBUS_BIN") or build .. "/relaybus"
 M.support = cwd .. "/spec/support"
 
 -- The module, loaded once per Lua state: busted unloads what a spec file required, so the
@@ -102,6 +107,7 @@ local ci = os.getenv("CI") == "true" or os.getenv("CI") == "1"
 local function unavailable(name, var)
   return {
     name = name,
+    kind = name:match("^%a+"),
     unavailable = true,
     url = function()
       error(name .. ": server not available (" .. var .. " is not set and CI=true)", 2)
@@ -114,6 +120,7 @@ local function server_store(name, var, prefix)
   if url and url ~= "" then
     return {
       name = name,
+      kind = name,
       server = url,
       sql = name == "postgresql",
       url = function()
@@ -126,10 +133,27 @@ local function server_store(name, var, prefix)
   end
 end
 
-function M.list()
+-- The MongoDB entry again, with the MongoDB dialect forced.
+local function mongodb_dialect(entry)
+  if not entry or entry.unavailable then return entry and unavailable("mongodb-dialect", "RELAYBUS_TEST_MONGO") end
+  local sep = entry.server:find("?", 1, true) and "&" or "?"
+  return {
+    name = "mongodb-dialect",
+    kind = "mongodb",
+    dialect = "mongodb",
+    server = entry.server .. sep .. "dialect=mongodb",
+    url = function()
+      local u, opts = entry.url()
+      return u .. sep .. "dialect=mongodb", opts
+    end,
+  }
+end
+
+function M.list(opts)
   local list = {
     {
       name = "sqlite",
+      kind = "sqlite",
       sql = true,
       url = function()
         -- the default table name: the command's subcommands (which take no table) see it
@@ -138,7 +162,9 @@ function M.list()
     },
   }
   list[#list + 1] = server_store("postgresql", "RELAYBUS_TEST_PG", "rb")
-  list[#list + 1] = server_store("mongodb", "RELAYBUS_TEST_MONGO", "rb")
+  local mongo = server_store("mongodb", "RELAYBUS_TEST_MONGO", "rb")
+  list[#list + 1] = mongo
+  if opts and opts.dialects then list[#list + 1] = mongodb_dialect(mongo) end
   -- RELAYBUS_SPEC_STORES=sqlite,postgresql narrows the matrix for a local run.
   local only = os.getenv("RELAYBUS_SPEC_STORES")
   if only and only ~= "" then
@@ -225,6 +251,12 @@ function M.wait_exit(p, timeout)
   return nil
 end
 
+-- SIGTERMs the child (a graceful stop) and returns its exit code, or nil after 15 s.
+function M.term(p)
+  M.signal(p, "TERM")
+  return M.wait_exit(p, 15)
+end
+
 -- SIGKILLs the child and waits until it is gone.
 function M.kill(p)
   M.signal(p, "KILL")
@@ -279,6 +311,11 @@ function M.parse_log(path)
   end
   return out
 end
+
+-- A shell command line for a tool that is not ours (curl, promtool, node and Chromium): run
+-- without the ASan runtime the specs' processes preload on the ASan build, under which some of
+-- them hang. relaybus processes keep it.
+function M.foreign(cmdline) return "env -u LD_PRELOAD " .. cmdline end
 
 -- Runs a command to completion; returns exit code, stdout, stderr.
 function M.run_command(argv, env)

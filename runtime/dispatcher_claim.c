@@ -1,0 +1,310 @@
+/* dispatcher_claim.c -- lanes and claiming: claims sized to the free slots, by priority. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dispatcher_impl.h"
+#include "alloc.h"
+#include "timer.h"
+#include "log.h"
+#include "text.h"
+
+/* ---- claiming ------------------------------------------------------------------------------ */
+handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic)
+{
+    for (size_t i = 0; i < d->nhandlers; i++)
+        if (strcmp(d->handlers[i].topic, topic) == 0) return &d->handlers[i];
+    return NULL;
+}
+
+#define CLAIM_MAX 1000          /* deliveries per claim statement */
+
+
+/* Claims in flight (of one lane, or of all with lane == (size_t)-1), and (*slots) the handler
+ * slots they may fill: at most a few. */
+#define ALL_LANES ((size_t)-1)
+static int claims_in_flight(const rb_dispatcher *d, size_t lane, size_t *slots)
+{
+    int n = 0;
+    size_t sum = 0;
+    for (const claim_ctx *c = d->claims; c; c = c->next)
+        if (lane == ALL_LANES || c->lane == lane) {
+            n++;
+            sum += c->limit;
+        }
+    if (slots) *slots = sum;
+    return n;
+}
+
+static void claim_unlink(rb_dispatcher *d, claim_ctx *c)
+{
+    for (claim_ctx **p = &d->claims; *p; p = &(*p)->next)
+        if (*p == c) { *p = c->next; return; }
+}
+
+static int claim_lane(rb_dispatcher *d, size_t k);
+
+/* The slots a claim held in flight and did not fill go to the lanes after it at once: the
+ * lanes before it claim first at every pass, so a quiet (or failing) lane in front, whose
+ * claims always hold slots while they are out, would otherwise keep a backlog behind it from
+ * ever being claimed. Only the lanes those slots kept from claiming are asked (the lanes before
+ * it, and lanes that had no use for them, would only poll again). */
+static void claim_after(rb_dispatcher *d, size_t lane)
+{
+    for (size_t k = lane + 1; k < d->nlanes && d->started && !d->stopping; k++)
+        if (d->lanes[k].blocked) {
+            d->lanes[k].blocked = 0;
+            claim_lane(d, k);
+        }
+}
+
+static int any_backlog(const rb_dispatcher *d)
+{
+    for (size_t i = 0; i < d->nlanes; i++)
+        if (d->lanes[i].backlog) return 1;
+    return 0;
+}
+
+static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
+{
+    claim_ctx *c = ud;
+    rb_dispatcher *d = c->d;
+    if (!d) {
+        /* The dispatcher was freed meanwhile: the deliveries are left to their leases. */
+        for (size_t i = 0; !err && i < n; i++) rb_delivery_free(recs[i]);
+        free(recs);
+        free(c);
+        return;
+    }
+    claim_unlink(d, c);
+    d->lanes[c->lane].backlog = !err && n >= c->limit;
+    d->lanes[c->lane].claimed = 1;
+    d->lanes[c->lane].last_n = err ? 0 : n;
+    d->backlog = any_backlog(d);
+    double sent_at = c->sent_at;
+    size_t lane_k = c->lane, limit = c->limit;
+    free(c);
+    if (err) {
+        static rb_log_limit lim;
+        rb_log_limited(&lim, RB_LOG_WARN, "claim failed: %s", err);
+        if (d->stopping) { disp_check_stop_done(d); return; }   /* may end (and free) d */
+        rb_timer_stop(d->loop, &d->claim_retry_timer);
+        rb_timer_set(&d->claim_retry_timer, d->opt.poll_interval, 0);
+        rb_timer_start(d->loop, &d->claim_retry_timer);
+        claim_after(d, lane_k);
+        return;
+    }
+    if (d->listeners) {
+        rb_event ev = {.kind = RB_EV_CLAIM, .n = n};
+        disp_emit(d, &ev);
+    }
+    for (size_t i = 0; i < n; i++) {
+        handler_entry *h = disp_find_handler(d, recs[i]->topic);
+        /* A store on this host may say when its lease really began (after a lock wait). */
+        double start = recs[i]->claimed_at > sent_at ? recs[i]->claimed_at : sent_at;
+        rb_run *run = h ? disp_run_new(d, h, recs[i], start) : NULL;
+        if (!run) {
+            rb_delivery_free(recs[i]);  /* left to its lease: another claim will take it */
+            continue;
+        }
+        if (d->listeners) {
+            rb_event ev = {.kind = RB_EV_CLAIMED, .delivery = run->rec};
+            disp_emit(d, &ev);
+        }
+        rb_run *earlier = disp_active_find(d->store, run->rec->id);
+        if (earlier) {
+            /* Never overlap with our own unsettled run: it waits (RUN_WAITING, as made) and
+             * starts when the earlier one has settled. */
+            while (earlier->parked) earlier = earlier->parked;
+            earlier->parked = run;
+            continue;
+        }
+        if (disp_active_add(d->store, run->rec->id, run) != 0) {
+            disp_set_settling(run);
+            disp_run_settled(run);
+            continue;
+        }
+        if (d->stopping) {
+            /* The claim crossed a stop: hand the delivery back without using an attempt. */
+            disp_set_settling(run);
+            disp_write_final(run, RB_OP_RELEASE, 0, NULL);
+            continue;
+        }
+        disp_run_start(run);
+    }
+    free(recs);
+    /* Last: ending the stop calls the host, which may free d. */
+    if (d->stopping) { disp_check_stop_done(d); return; }
+    if (n < limit) claim_after(d, lane_k);
+    /* A full batch means more may be due: claim again at the end of this iteration. */
+    if (d->backlog) {
+        d->want_claim = 1;
+        disp_request_flush(d);
+    }
+}
+
+/* One claim for lane k if it has slots and none of its claims is in the way; 1 when sent. */
+static int claim_lane(rb_dispatcher *d, size_t k)
+{
+    lane *ln = &d->lanes[k];
+    int parallel = d->store->vt->claim_parallelism > 1 ? d->store->vt->claim_parallelism : 1;
+    size_t reserved, lane_reserved;
+    claims_in_flight(d, ALL_LANES, &reserved);
+    int claiming = claims_in_flight(d, k, &lane_reserved);
+    if (claiming >= parallel) return 0;
+    /* A second claim beside one in flight only pays during a backlog; when little is due it
+     * would only double the polling. */
+    if (claiming > 0 && !ln->backlog) return 0;
+    size_t concurrency = (size_t)d->opt.concurrency;
+    size_t busy = d->nactive - d->nsettling + reserved;
+    size_t lane_busy = ln->nactive - ln->nsettling + lane_reserved;
+    if (lane_busy >= ln->limit) return 0;
+    if (busy >= concurrency) {
+        /* the other lanes' claims in flight hold the slots: claim_after asks again */
+        if (d->nactive - d->nsettling < concurrency) ln->blocked = 1;
+        return 0;
+    }
+    size_t free_slots = concurrency - busy;
+    if (free_slots > ln->limit - lane_busy) free_slots = ln->limit - lane_busy;
+    /* With claims side by side each fills a share of the slots, so one batch is answered
+     * while the one before it runs. */
+    size_t batch = (ln->limit + (size_t)parallel - 1) / (size_t)parallel;
+    if (batch > CLAIM_MAX) batch = CLAIM_MAX;
+    if (free_slots > batch) free_slots = batch;
+    /* Wait for a worthwhile batch unless the lane is idle: one claim per freed slot would
+     * cost a round trip per delivery. */
+    size_t low_water = ln->limit / 4;
+    if (low_water > CLAIM_MAX / 2) low_water = CLAIM_MAX / 2;
+    if (low_water > batch) low_water = batch;
+    if (lane_busy > 0 && free_slots < low_water) {
+        if (reserved > lane_reserved) ln->blocked = 1;
+        return 0;
+    }
+    /* Beside other lanes, a lane that found little asks for little more than it found: slots
+     * it reserves for a claim that comes back empty are kept from the lanes after it (a quiet
+     * urgent lane claiming every slot would starve a backlog behind it). */
+    if (d->nlanes > 1 && ln->claimed && !ln->backlog) {
+        size_t modest = ln->last_n ? 2 * ln->last_n : 1;
+        if (free_slots > modest) free_slots = modest;
+    }
+    claim_ctx *c = rb_malloc(sizeof *c);
+    if (!c) return 0;
+    c->d = d;
+    c->sent_at = rb_monotonic();
+    c->limit = free_slots;
+    c->lane = k;
+    c->next = d->claims;
+    d->claims = c;
+    rb_claim_req req = {ln->topics, ln->ntopics, free_slots, d->opt.lease_duration};
+    d->store->vt->claim(d->store, &req, on_claimed, c);
+    return 1;
+}
+
+/* Lanes claim by priority, highest first: they take the free slots before the others. */
+static int claim_one(rb_dispatcher *d)
+{
+    int sent = 0;
+    for (size_t k = 0; k < d->nlanes && d->started && !d->stopping; k++) sent += claim_lane(d, k);
+    return sent;
+}
+
+void disp_maybe_claim(rb_dispatcher *d)
+{
+    if (!d->started || d->stopping || !d->nhandlers) return;
+    while (d->started && !d->stopping) {
+        int before = claims_in_flight(d, ALL_LANES, NULL);
+        if (!claim_one(d)) break;
+        /* Answered at once (SQLite may be synchronous): the next claim waits for this
+         * iteration's settles to be flushed, or a backlog would be claimed in one go. */
+        if (claims_in_flight(d, ALL_LANES, NULL) <= before) break;
+    }
+}
+
+void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    disp_maybe_claim(w->data);
+}
+
+void rb_dispatcher_check_deadlines(rb_dispatcher *d)
+{
+    for (rb_run *run = d->runs, *next; run; run = next) {
+        next = run->next;
+        if (run->state == RUN_RUNNING) rb_run_check(run);
+    }
+}
+
+void rb_dispatcher_wake(rb_dispatcher *d)
+{
+    if (!d->started || d->stopping) return;
+    d->want_claim = 1;
+    disp_request_flush(d);
+}
+
+
+/* Groups the handlers into lanes: one per topic with a concurrency of its own, and one per
+ * priority for the others; ordered by priority, highest first. Returns -1 out of memory. */
+int disp_make_lanes(rb_dispatcher *d)
+{
+    size_t cap = d->nhandlers ? d->nhandlers : 1;
+    lane *lanes = rb_calloc(cap, sizeof *lanes);
+    const char **topics = rb_calloc(cap, sizeof *topics);
+    size_t *order = rb_calloc(cap, sizeof *order);
+    if (!lanes || !topics || !order) {
+        free(lanes);
+        free(topics);
+        free(order);
+        return -1;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < d->nhandlers; i++) {
+        handler_entry *h = &d->handlers[i];
+        size_t k = n;
+        if (h->def.concurrency <= 0)
+            for (k = 0; k < n && (lanes[k].own || lanes[k].priority != h->def.priority); k++) {}
+        if (k == n)
+            lanes[n++] = (lane){.priority = h->def.priority, .own = h->def.concurrency > 0,
+                                .limit = h->def.concurrency > 0 ? (size_t)h->def.concurrency
+                                                                : (size_t)d->opt.concurrency};
+        h->lane = k;
+        lanes[k].ntopics++;
+    }
+    /* highest priority first (insertion sort: lanes are few); order[new] = old */
+    for (size_t i = 0; i < n; i++) order[i] = i;
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && lanes[order[j]].priority > lanes[order[j - 1]].priority; j--) {
+            size_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    lane *sorted = rb_calloc(cap, sizeof *sorted);
+    if (!sorted) {
+        free(lanes);
+        free(topics);
+        free(order);
+        return -1;
+    }
+    size_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        sorted[k] = lanes[order[k]];
+        sorted[k].topics = topics + at;
+        at += sorted[k].ntopics;
+        sorted[k].ntopics = 0;
+    }
+    for (size_t i = 0; i < d->nhandlers; i++) {
+        handler_entry *h = &d->handlers[i];
+        size_t k = 0;
+        while (order[k] != h->lane) k++;
+        h->lane = k;
+        sorted[k].topics[sorted[k].ntopics++] = h->topic;
+    }
+    free(lanes);
+    free(order);
+    d->lanes = sorted;
+    d->nlanes = n;
+    d->lane_topics = topics;
+    return 0;
+}
+

@@ -1,0 +1,208 @@
+/* dispatcher_impl.h -- what the dispatcher's files share (not installed): its structures, the
+ * run states, and the functions one file calls in another. The dispatcher is one object in
+ * four files:
+ *   dispatcher.c           options, lifecycle (new, handle, start, stop, free), events, wake-ups
+ *   dispatcher_claim.c     lanes and claiming: batches sized to the free slots
+ *   dispatcher_runs.c      one run: start, renewals, deadline, abort, finish, the registry
+ *   dispatcher_settle.c    settle writes coalesced per loop iteration, explicit settles
+ * Names shared between them start with disp_ (hidden from the library's users). */
+#ifndef RB_DISPATCHER_IMPL_H
+#define RB_DISPATCHER_IMPL_H
+#include <stddef.h>
+#include "dispatcher.h"
+#include "timer.h"
+#include "fifo.h"
+
+#pragma GCC visibility push(hidden)
+
+/* Settle texts (last_error) are made valid UTF-8 and kept at most this long: a remote body or
+ * a handler's error must neither fail a store's write nor bloat its row. */
+#define ERROR_MAX 2000
+/* A final write the store refused is tried again after this, doubling up to the most. */
+#define RETRY_FIRST 0.05
+#define RETRY_MOST 5.0
+
+/* ---- structures ------------------------------------------------------------------------- */
+typedef struct handler_entry {
+    char *topic;
+    rb_handler_def def;
+    size_t lane;
+} handler_entry;
+
+/* Topics claimed together (dispatcher.h: rb_handler_def's concurrency and priority). Without
+ * those options a dispatcher has one lane of all its topics, and claims as it always did. */
+typedef struct lane {
+    const char **topics;
+    size_t ntopics;
+    size_t limit;               /* runs of the lane at once */
+    int priority;
+    int own;                    /* one topic with a concurrency of its own */
+    size_t nactive, nsettling;  /* as the dispatcher's, for this lane's runs */
+    int backlog;                /* its last claim came back full */
+    int claimed;                /* it has claimed before: last_n means something */
+    size_t last_n;              /* what its last claim brought */
+    int blocked;                /* kept from claiming by other lanes' claims in flight */
+} lane;
+
+/* A run's states, and the only moves between them (set_state checks each in debug builds, in
+ * the manner of SQLite's pager states):
+ *   WAITING   -> BEGINNING | RUNNING | SETTLING | SETTLED   (parked or just claimed)
+ *   BEGINNING -> RUNNING | SETTLING | SETTLED               (transactional: BEGIN in flight)
+ *   RUNNING   -> SETTLING | SETTLED                         (the handler runs)
+ *   SETTLING  -> SETTLED                                    (the final write is in flight)
+ * SETTLED is final; a run moves to it from anywhere only when freed with its dispatcher. */
+typedef enum {
+    RUN_WAITING,        /* parked behind an earlier unsettled run of the same delivery */
+    RUN_BEGINNING,      /* transactional: waiting for the store transaction */
+    RUN_RUNNING,        /* the handler runs */
+    RUN_SETTLING,       /* the handler ended; its settle write is in flight */
+    RUN_SETTLED         /* done; freed when no store operation refers to it any more */
+} run_state;
+
+typedef struct settle_req settle_req;
+
+struct rb_run {
+    rb_dispatcher *d;
+    rb_store *store;            /* d's, for what arrives after rb_dispatcher_free detached it */
+    handler_entry *h;
+    rb_delivery *rec;
+    run_state state;
+    rb_abort_reason aborted;
+    int settled_explicitly;     /* a ctx settle call was written: the return is ignored */
+    int abandoned;              /* the stop timed out: write nothing more */
+    int refs;                   /* store operations in flight that point at this run */
+    int renewing;
+    double retry_delay;         /* s until the next try of a final write the store refused */
+    double started_at;          /* monotonic s when the handler started; 0 before */
+    rb_outcome outcome;         /* what the run came to, for the settled event */
+    char *outcome_error;        /* the last_error it wrote, owned */
+    /* An explicit settle the store could not take fails the run, as a raise with this text:
+     * returning after a ctx:bury() that was not written must not complete the delivery. */
+    char *settle_error;
+    double lease_deadline;      /* monotonic: local end of the lease (with margin) */
+    double timeout_deadline;    /* monotonic: the handler's timeout, or INFINITY */
+    double shutdown_deadline;   /* monotonic: set by stop's abort phase, or INFINITY */
+    rb_timer deadline_timer;
+    rb_timer renew_timer;
+    rb_timer retry_timer;       /* the next try of a final write the store refused */
+    settle_req *retry;          /* that write, made and waiting for the timer */
+    rb_tx *tx;
+    void *data;
+    rb_run *parked;             /* a newer claim of this delivery waiting for us to settle */
+    rb_run *prev, *next;        /* the dispatcher's list of unsettled runs */
+};
+
+typedef void (*settle_done_fn)(settle_req *r, const char *err);
+struct settle_req {
+    rb_settle_op op;
+    rb_run *run;
+    settle_done_fn done;
+    double sent_at;
+    rb_run_settle_cb ucb;       /* explicit settles: the caller's callback */
+    void *uud;
+    char *error_copy;           /* owned copy of op.error */
+    int solo;                   /* sent in a store call of its own (a batch with it failed) */
+    settle_req *next;
+};
+
+typedef struct listener {
+    rb_event_fn fn;
+    void *ud;
+    struct listener *next;
+} listener;
+
+typedef struct stop_waiter {
+    void (*done)(void *ud);
+    void *ud;
+    struct stop_waiter *next;
+} stop_waiter;
+
+struct rb_dispatcher {
+    rb_store *store;
+    struct ev_loop *loop;
+    rb_dispatcher_options opt;
+    double margin;              /* safety margin subtracted from the lease locally */
+    handler_entry *handlers;
+    size_t nhandlers;
+    lane *lanes;                /* by priority, highest first; made at start */
+    size_t nlanes;
+    const char **lane_topics;   /* the lanes' topics, in one array */
+    const char **topics;
+    int started, stopping, stopped;
+    int backlog;                /* the last claim came back full: more is probably due */
+    struct claim_ctx *claims;   /* claims in flight, detached by rb_dispatcher_free */
+    size_t nactive;             /* unsettled runs, parked ones included */
+    size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
+    rb_run *runs;               /* list of unsettled runs */
+    RB_FIFO(settle_req) queue;  /* settle writes waiting for the flush */
+    size_t queued;
+    ev_prepare flush_watcher;   /* flushes settle writes and pending claims each iteration */
+    rb_idle spin_watcher;       /* keeps the loop from blocking while work is queued */
+    rb_timer poll_timer;
+    rb_timer claim_retry_timer;
+    rb_timer grace_timer;       /* stop: 4/5 of the timeout */
+    rb_timer hard_timer;        /* stop: the timeout */
+    stop_waiter *waiters;
+    stop_waiter spare_waiter;   /* a stop's done that no waiter could be allocated for */
+    int flushing;
+    int want_claim;
+    int quiet;                  /* on_quiet was called */
+    listener *listeners;        /* of lifecycle events */
+    rb_timer unhandled_timer;   /* the one check for topics nobody here handles */
+    rb_idle quiet_watcher;      /* calls on_quiet from the loop, with nothing of d on the stack */
+    rb_dispatcher *next_on_store;
+};
+
+typedef struct claim_ctx {
+    rb_dispatcher *d;           /* NULL once the dispatcher was freed under the claim */
+    double sent_at;
+    size_t limit;
+    size_t lane;
+    struct claim_ctx *next;     /* the dispatcher's claims in flight */
+} claim_ctx;
+
+/* dispatcher.c */
+void disp_emit(rb_dispatcher *d, const rb_event *ev);
+void disp_check_stop_done(rb_dispatcher *d);
+void disp_maybe_quiet(rb_dispatcher *d);
+
+/* dispatcher_claim.c */
+int disp_make_lanes(rb_dispatcher *d);
+void disp_maybe_claim(rb_dispatcher *d);
+handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic);
+void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* dispatcher_runs.c */
+rb_outcome disp_outcome_of(const rb_run *run, rb_settle_kind kind);
+void disp_set_outcome(rb_run *run, rb_outcome o, const char *error);
+void disp_active_remove(rb_store *s, const char *id, rb_run *run);
+void disp_run_free(rb_run *run);
+void disp_arm_deadline(rb_run *run);
+void disp_set_state(rb_run *run, run_state to);
+void *disp_pool_get(int which, size_t size);
+void disp_pool_put(int which, void *x);
+enum { POOL_RUNS, POOL_SETTLES };
+rb_run *disp_active_find(const rb_store *s, const char *id);
+int disp_active_add(rb_store *s, const char *id, rb_run *run);
+void disp_registry_release(rb_store *s);
+rb_run *disp_run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, double claimed_at);
+void disp_run_start(rb_run *run);
+void disp_run_abort(rb_run *run, rb_abort_reason reason);
+void disp_run_settled(rb_run *run);
+void disp_run_release_ref(rb_run *run);
+void disp_set_settling(rb_run *run);
+void disp_write_final(rb_run *run, rb_settle_kind kind, double delay, const char *error);
+void disp_on_renewed(settle_req *r, const char *err);
+void disp_on_retry_due(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* dispatcher_settle.c */
+settle_req *disp_settle_new(rb_run *run, rb_settle_kind kind, double delay, const char *error,
+                            settle_done_fn done);
+void disp_settle_free(settle_req *r);
+void disp_settle_enqueue(rb_dispatcher *d, settle_req *r);
+void disp_request_flush(rb_dispatcher *d);
+void disp_on_flush(struct ev_loop *loop, ev_prepare *w, int revents);
+void disp_on_spin(struct ev_loop *loop, ev_idle *w, int revents);
+
+#pragma GCC visibility pop
+#endif

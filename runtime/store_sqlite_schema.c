@@ -1,0 +1,292 @@
+/* store_sqlite_schema.c -- the SQLite store's file, schema and SQL: opening the file without
+ * making what was only asked about, WAL mode, the migrations, the schema check, and the
+ * text of the statements the store prepares. No job and no loop here: the opening runs once,
+ * blocking, at open (store.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include "store_sqlite_schema.h"
+#include "alloc.h"
+#include "text.h"
+
+#define SCHEMA_VERSION  2
+#define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
+
+/* --- schema ----------------------------------------------------------------------------- */
+/* SQL templates say "{t}" for the deliveries table name (a validated identifier, always
+ * quoted). The partial indexes keep claims and dedupe cheap however many settled rows pile up;
+ * queries repeat an index's WHERE term verbatim so the planner can use it. */
+static const char *const migrations[SCHEMA_VERSION] = {
+    /* 1: deliveries, their indexes, named leases */
+    "CREATE TABLE IF NOT EXISTS \"{t}\" ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " topic TEXT NOT NULL,"
+    " payload TEXT NOT NULL,"
+    " key TEXT,"
+    " status TEXT NOT NULL DEFAULT 'pending'"
+    "  CHECK (status IN ('pending','processing','completed','buried')),"
+    " attempts INTEGER NOT NULL DEFAULT 0,"
+    " max_attempts INTEGER NOT NULL DEFAULT 25,"
+    " fence INTEGER NOT NULL DEFAULT 0,"
+    " run_at REAL NOT NULL,"
+    " created_at REAL NOT NULL,"
+    " settled_at REAL,"
+    " lease_token TEXT,"
+    " lease_expires_at REAL,"
+    " last_error TEXT);"
+    "CREATE INDEX IF NOT EXISTS \"{t}_due\" ON \"{t}\" (run_at)"
+    " WHERE status IN ('pending','processing');"
+    "CREATE INDEX IF NOT EXISTS \"{t}_key\" ON \"{t}\" (topic, key)"
+    " WHERE key IS NOT NULL AND status IN ('pending','processing');"
+    "CREATE INDEX IF NOT EXISTS \"{t}_settled\" ON \"{t}\" (status, settled_at)"
+    " WHERE status IN ('completed','buried');"
+    "CREATE TABLE IF NOT EXISTS \"{t}_leases\" ("
+    " name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL);",
+    /* 2: leases timed on the boot clock (CLOCK_BOOTTIME, with the boot's id): a SQLite file in
+     * WAL mode lives on one host, so its processes share a clock that no step of the wall
+     * clock moves. lease_expires_at / expires_at stay as the wall-clock view for readers. */
+    "ALTER TABLE \"{t}\" ADD COLUMN lease_boot TEXT;"
+    "ALTER TABLE \"{t}\" ADD COLUMN lease_until REAL;"
+    "ALTER TABLE \"{t}_leases\" ADD COLUMN boot TEXT;"
+    "ALTER TABLE \"{t}_leases\" ADD COLUMN until REAL;",
+};
+
+
+const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
+    [ST_ENQ_FIND] = "SELECT id FROM \"{t}\" WHERE key IS NOT NULL"
+        " AND status IN ('pending','processing') AND topic = ?1 AND key = ?2 ORDER BY id LIMIT 1",
+    [ST_ENQ_INSERT] = "INSERT INTO \"{t}\" (topic, payload, key, status, attempts, max_attempts,"
+        " fence, run_at, created_at) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6)",
+    [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
+        " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
+    [ST_CLAIM_TAKE] = "UPDATE \"{t}\" SET status = 'processing', attempts = attempts + 1,"
+        " fence = fence + 1, lease_token = ?1, lease_expires_at = ?2, lease_boot = ?4,"
+        " lease_until = ?5 WHERE id = ?3 RETURNING " COLS,
+    [ST_COMPLETE] = "UPDATE \"{t}\" SET status = 'completed', settled_at = ?1," NO_LEASE FENCED,
+    [ST_RESCHEDULE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
+        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
+    [ST_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
+        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
+    [ST_RELEASE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
+        " attempts = MAX(attempts - 1, 0)," NO_LEASE FENCED,
+    /* an extension never shortens the lease */
+    [ST_EXTEND] = "UPDATE \"{t}\" SET lease_expires_at = MAX(COALESCE(lease_expires_at, 0), ?1 + ?4),"
+        " lease_until = CASE WHEN lease_boot IS ?6 THEN MAX(COALESCE(lease_until, 0), ?7 + ?4)"
+        " ELSE ?7 + ?4 END, lease_boot = ?6" FENCED,
+    [ST_GET] = "SELECT " COLS " FROM \"{t}\" WHERE id = ?1",
+    [ST_STATS] = "SELECT"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND status = 'pending'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND status = 'processing'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
+        "   AND status = 'completed'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
+        "   AND status = 'buried'),"
+        " count(*), min(run_at) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND run_at <= ?1 AND (status = 'pending' OR " LEASE_OVER("?2", "?3", "?1") ")",
+    [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0, run_at = ?1,"
+        " settled_at = NULL," NO_LEASE " WHERE id = ?2 AND status = 'buried'",
+    [ST_KICK_BURIED] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0, run_at = ?1,"
+        " settled_at = NULL," NO_LEASE
+        " WHERE status IN ('completed','buried') AND status = 'buried'",
+    [ST_PURGE] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
+        " WHERE status IN ('completed','buried') AND status = ?1 AND settled_at < ?2"
+        " ORDER BY settled_at LIMIT ?3)",
+    [ST_BURY_ONE] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1, last_error = ?3,"
+        NO_LEASE " WHERE id = ?2 AND status IN ('pending','processing')",
+    [ST_DELETE_ONE] = "DELETE FROM \"{t}\" WHERE id = ?2 AND status IN ('completed','buried')",
+    [ST_TOPIC_STATS] = "SELECT topic, sum(status = 'pending') AS pending,"
+        " sum(status = 'processing') AS processing, sum(status = 'completed') AS completed,"
+        " sum(status = 'buried') AS buried FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
+    [ST_LEASE_ACQUIRE] = "INSERT INTO \"{t}_leases\" (name, token, expires_at, boot, until)"
+        " VALUES (?1, ?2, ?3 + ?4, ?5, ?6 + ?4) ON CONFLICT (name) DO UPDATE"
+        " SET token = excluded.token, expires_at = excluded.expires_at, boot = excluded.boot,"
+        " until = excluded.until WHERE " NAMED_OVER " OR token = excluded.token",
+    /* never shortens */
+    [ST_LEASE_EXTEND] = "UPDATE \"{t}_leases\" SET expires_at = MAX(expires_at, ?3 + ?4),"
+        " until = MAX(COALESCE(until, 0), ?6 + ?4)"
+        " WHERE name = ?1 AND token = ?2 AND NOT " NAMED_OVER,
+    [ST_LEASE_RELEASE] = "DELETE FROM \"{t}_leases\" WHERE name = ?1 AND token = ?2",
+};
+
+char *rb_sqlite_expand(const char *tmpl, const char *table)
+{
+    return rb_text_subst(tmpl, "{t}", table);
+}
+
+/* --- opening and migrations ------------------------------------------------------------- */
+/* The schema version recorded for this deliveries table (0 when none); -1 on error. */
+static int schema_version(sqlite3 *db, const char *table)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, "SELECT version FROM relaybus_schema WHERE name = ?1", -1, &st,
+                           NULL) != SQLITE_OK) return -1;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st), v = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? v : -1;
+}
+
+static int exec_template(sqlite3 *db, const char *tmpl, const char *table)
+{
+    char *sql = rb_sqlite_expand(tmpl, table);
+    if (!sql) return SQLITE_NOMEM;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    free(sql);
+    return rc;
+}
+
+static int record_version(sqlite3 *db, const char *table)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO relaybus_schema (name, version)"
+                                " VALUES (?1, ?2)", -1, &st, NULL);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, SCHEMA_VERSION);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* Applies the migrations this table lacks, in one transaction; idempotent. */
+static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
+{
+    /* Current already (the usual case): a read says so, and no write lock is taken -- a
+     * worker restarting beside a busy one must not queue for the single writer. */
+    if (schema_version(db, table) == SCHEMA_VERSION) return 0;
+    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
+                          " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
+    int v = rc == SQLITE_OK ? schema_version(db, table) : -1;
+    if (v > SCHEMA_VERSION) {
+        snprintf(err, errlen, "sqlite: table '%s' has schema version %d, newer than this "
+                 "relaybus knows (%d)", table, v, SCHEMA_VERSION);
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    if (v < 0) rc = rc == SQLITE_OK ? SQLITE_ERROR : rc;
+    for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++)
+        rc = exec_template(db, migrations[i], table);
+    if (rc == SQLITE_OK && v < SCHEMA_VERSION) rc = record_version(db, table);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "sqlite: cannot create the schema of '%s': %s", table,
+                 sqlite3_errmsg(db));
+        if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* Without migrate the schema must already be there, at this version. */
+static int check_schema(sqlite3 *db, const char *path, const char *table, char *err,
+                        size_t errlen)
+{
+    int v = schema_version(db, table);
+    if (v == SCHEMA_VERSION) return 0;
+    int code = sqlite3_errcode(db);
+    if (v < 0 && code != SQLITE_ERROR)     /* not a missing table: not a database, I/O... */
+        snprintf(err, errlen, "sqlite: %s '%s'", sqlite3_errmsg(db), path);
+    else if (v > SCHEMA_VERSION)
+        snprintf(err, errlen, "sqlite: table '%s' has schema version %d, newer than this "
+                 "relaybus knows (%d)", table, v, SCHEMA_VERSION);
+    else if (v > 0)
+        snprintf(err, errlen, "sqlite: the schema of table '%s' in '%s' is outdated "
+                 "(run relaybus migrate)", table, path);
+    else
+        snprintf(err, errlen, "sqlite: no relaybus schema here (run relaybus migrate): no "
+                 "table '%s' in '%s'", table, path);
+    return -1;
+}
+
+static int check_writable(sqlite3 *db, const char *path, char *err, size_t errlen)
+{
+    sqlite3_busy_timeout(db, OPEN_TIMEOUT_MS);
+    if (sqlite3_db_readonly(db, "main") == 1) {
+        snprintf(err, errlen, "sqlite: database '%s' is read-only", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* WAL lets several processes share the file (readers never wait for the writer). */
+static int use_wal(sqlite3 *db, const char *path, char *err, size_t errlen)
+{
+    int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) & 0xff;
+    if (rc == SQLITE_READONLY || rc == SQLITE_CANTOPEN || rc == SQLITE_PERM)
+        snprintf(err, errlen, "sqlite: cannot use '%s' in WAL mode (%s; the file and its "
+                 "directory must be writable)", path, sqlite3_errmsg(db));
+    else if (rc != SQLITE_OK)
+        snprintf(err, errlen, "sqlite: %s '%s'", sqlite3_errmsg(db), path);
+    return rc == SQLITE_OK ? 0 : -1;
+}
+
+/* The database file is made here, not by SQLite, which would make it 0644 (less the umask):
+ * deliveries and their payloads are the application's data, so 0600. SQLite gives its -wal
+ * and -shm files the mode of the database file. A file that exists keeps its mode. A file
+ * made here stays when the open fails later: another process may have opened it meanwhile.
+ * Returns 1 when the file was made, 0 when it was there, -1 with err set. */
+static int create_private(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
+    if (errno == EEXIST) return 0;
+    snprintf(err, errlen, "sqlite: cannot create '%s': %s", path, strerror(errno));
+    return -1;
+}
+
+/* Why a database file could not be opened, when the file system says more than SQLite's
+ * "unable to open database file". */
+static void explain_open(const char *path, int migrate, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            snprintf(err, errlen, "sqlite: '%s' is a directory, not a database file", path);
+        else if (access(path, R_OK | W_OK) != 0)
+            snprintf(err, errlen, "sqlite: cannot open '%s': %s", path, strerror(errno));
+    } else if (errno == ENOENT && !migrate) {
+        snprintf(err, errlen, "sqlite: no relaybus schema here (run relaybus migrate): '%s' "
+                 "does not exist", path);
+    } else if (errno != ENOENT) {
+        snprintf(err, errlen, "sqlite: cannot open '%s': %s", path, strerror(errno));
+    }
+}
+
+int rb_sqlite_open_file(const char *path, const char *table, int want_migrate, int memory,
+                        sqlite3 **db, char *err, size_t errlen)
+{
+    *db = NULL;
+    int created = want_migrate && !memory ? create_private(path, err, errlen) : 0;
+    int rc = SQLITE_CANTOPEN;
+    if (created >= 0) {
+        /* Without migrate nothing is made: a mistyped path must not leave a file behind. */
+        int flags = SQLITE_OPEN_READWRITE | (want_migrate ? SQLITE_OPEN_CREATE : 0);
+        rc = sqlite3_open_v2(path, db, flags, NULL);
+        if (rc != SQLITE_OK) {
+            snprintf(err, errlen, "sqlite: %s '%s'", *db ? sqlite3_errmsg(*db)
+                                                         : sqlite3_errstr(rc), path);
+            explain_open(path, want_migrate, err, errlen);
+        }
+    }
+    /* Without migrate the schema is checked before WAL mode is set: opening some other
+     * database by mistake must leave it as it was. */
+    if (rc != SQLITE_OK || check_writable(*db, path, err, errlen) != 0 ||
+        (want_migrate ? use_wal(*db, path, err, errlen) != 0 ||
+                        migrate(*db, table, err, errlen) != 0
+                      : check_schema(*db, path, table, err, errlen) != 0 ||
+                        use_wal(*db, path, err, errlen) != 0)) {
+        sqlite3_close_v2(*db);
+        *db = NULL;
+        return -1;
+    }
+    return 0;
+}

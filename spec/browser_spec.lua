@@ -1,0 +1,63 @@
+-- browser_spec.lua -- the dashboard in headless Chromium (spec/support/browser.js, with
+-- playwright-core from scripts/install-deps.sh's node cache): counts, the XSS topic as text,
+-- filter to buried, open one, kick it with the token, see it pending. Screenshots are saved
+-- under artifacts/ (gitignored). With CI=true a missing browser or playwright is a failure.
+local S = require "spec.support.stores"
+local D = require "spec.support.dash"
+local ci = os.getenv("CI") == "true" or os.getenv("CI") == "1"
+local node_cache = os.getenv("RELAYBUS_NODE_CACHE") or ((os.getenv("HOME") or "") .. "/.cache/relaybus-node")
+local chromium = os.getenv("RELAYBUS_CHROMIUM") or "/usr/bin/chromium"
+
+local function missing()
+  if not os.execute("command -v node >/dev/null 2>&1") then return "node" end
+  if not S.exists(chromium) then return chromium end
+  if not S.exists(node_cache .. "/node_modules/playwright-core/package.json") then
+    return "playwright-core in " .. node_cache
+  end
+end
+
+describe("the dashboard in a browser", function()
+  after_each(function() S.reset() end)
+
+  for _, entry in ipairs(S.list()) do
+    it("filters to buried, opens one, kicks it with the token and sees it pending on " .. entry.name, function()
+      local why = missing()
+      if why and not ci then pending(why .. " missing: run scripts/install-deps.sh") return end
+      assert.is_nil(why, "missing: " .. tostring(why) .. " (scripts/install-deps.sh installs it)")
+      local url, opts = entry.url()
+      local args = { S.support .. "/dash_server.lua", url, D.TOKEN }
+      local p = S.spawn(nil, nil, { argv = { S.bin, "run", args[1], args[2], args[3] },
+                                    env = opts.table and { RELAYBUS_SPEC_TABLE = opts.table } or nil })
+      assert.truthy(S.wait_for(function() return (S.read(p.out) or ""):match("http://%S+") end, 60),
+                    "no server: " .. tostring(S.read(p.err)))
+      local base = S.read(p.out):match("(http://%S+)")
+      local out = os.getenv("PWD") .. "/artifacts/browser-" .. entry.name
+      os.execute("mkdir -p " .. S.quote(out))
+      local cmd = S.foreign(string.format("NODE_PATH=%s timeout 180 node %s %s %s %s 2>&1", S.quote(node_cache .. "/node_modules"),
+                                S.quote(S.support .. "/browser.js"), S.quote(base), S.quote(D.TOKEN), S.quote(out)))
+      local f = io.popen(cmd)
+      local text = f:read("a")
+      f:close()
+      S.signal(p, "TERM")
+      local line = text:match("(%b{})%s*$")
+      assert.truthy(line, "browser.js said: " .. text)
+      local r = S.relaybus().json.decode(line)
+      assert.is_nil(r.failure, text)
+      assert.same({ "overview", "filtered", "opened", "kicked" }, r.steps)
+      assert.same({ { "pending", "5" }, { "processing", "1" }, { "completed", "24" }, { "buried", "3" } }, r.counts)
+      assert.is_true(r.xss_text, "the XSS topic shows as text")
+      assert.equal(0, r.images, "no element was made from data")
+      assert.same({}, r.dialogs, "no script from data ran")
+      assert.same({}, r.external, "nothing fetched from elsewhere")
+      assert.same({}, r.errors)
+      assert.matches('"amount"', r.payload)
+      assert.matches("\n", r.payload, 1, true)    -- pretty-printed
+      assert.matches("card declined: insufficient funds <b>42</b>", r.last_error, 1, true)
+      assert.matches("kick: this action needs Authorization", r.without_token, 1, true)
+      assert.equal("kick: done (1)", r.with_token)
+      assert.equal("pending", r.after_kick)
+      assert.truthy(S.exists(out .. "/dashboard.png"))
+      assert.truthy(S.wait_for(function() return S.rc(p) end, 20))
+    end)
+  end
+end)

@@ -1,0 +1,304 @@
+/* claim_test.c -- claims in flight: never more handlers running than concurrency, no more
+ * claims at once than the store's claim_parallelism, a claim answered after the dispatcher was
+ * freed (its records freed, the deliveries left to their leases), a claim answered after the
+ * runs' local deadline (released unrun, the attempt not counted), a failing claim retried at
+ * the poll interval; rb_dispatcher_options_check and rb_dispatcher_handle refusing misuse. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+#include "leases.h"
+
+#define T "work"
+
+/* Each run ends after 50 to 90 ms, depending on its id: long enough that a batch's runs are
+ * all running at once even on a loaded machine (the runs of a claim start one by one). */
+static void finish_soon(th_handler *h, th_run *r)
+{
+    (void)h;
+    th_finish_after(r, 0.01 * (5 + atoi(r->id) % 5), 1, NULL);
+}
+
+static void never_more_runs_than_concurrency(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids ids = th_enqueue(e, T, 100, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 7;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = finish_soon;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles == 100, 20);
+    assert_int_equal(h->settles, 100);
+    assert_int_equal(h->max_running, 7);
+    for (int i = 0; i < e->spy->claim_calls && i < TH_MAX_CALLS; i++)
+        assert_true(e->spy->claim_limit[i] >= 1 && e->spy->claim_limit[i] <= 7);
+    assert_int_equal(th_stats(e).completed, 100);
+    th_ids_free(&ids);
+}
+
+/* Claims answered 20 ms late, during a backlog: as many side by side as the store allows, and
+ * no more; each fills a share of the slots. */
+static void claims_in_flight(void **state, int parallelism)
+{
+    th_env *e = th_env_of(state);
+    e->spy->vt.claim_parallelism = parallelism;
+    e->spy->claim_delay = 0.02;
+    e->spy->delay_claims = -1;
+    th_ids ids = th_enqueue(e, T, 300, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 30;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_later;
+    h->delay = 0.01;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles == 300, 30);
+    assert_int_equal(h->settles, 300);
+    print_message("# parallelism %d: %d claims, at most %d in flight, %d runs at once\n",
+                  parallelism, e->spy->claim_calls, e->spy->max_claims_in_flight, h->max_running);
+    int want = parallelism > 1 ? parallelism : 1;
+    assert_int_equal(e->spy->max_claims_in_flight, want);
+    size_t share = (30 + (size_t)want - 1) / (size_t)want;
+    for (int i = 0; i < e->spy->claim_calls && i < TH_MAX_CALLS; i++)
+        assert_true(e->spy->claim_limit[i] <= share);
+    assert_true(h->max_running <= 30);
+    th_ids_free(&ids);
+}
+
+static void one_claim_at_a_time_without_parallelism(void **state) { claims_in_flight(state, 0); }
+static void claim_parallelism_two_is_respected(void **state) { claims_in_flight(state, 2); }
+static void claim_parallelism_three_is_respected(void **state) { claims_in_flight(state, 3); }
+
+static void a_claim_answered_after_free_frees_its_records(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids ids = th_enqueue(e, T, 5, 0, 0);
+    e->spy->hold_claims = 1;
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.lease_duration = 0.4;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_ok;
+    th_handle(e, h, T);
+    double t0 = rb_monotonic();
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, th_spy_held(e->spy) == 1, 10);
+    assert_int_equal(th_spy_held(e->spy), 1);
+    rb_dispatcher_free(e->d);           /* running, with a claim in flight */
+    e->d = NULL;
+    assert_int_equal(h->freed, 1);
+    assert_int_equal(th_spy_answer_claims(e->spy), 1);  /* finds no dispatcher */
+    assert_int_equal(h->starts, 0);
+    for (size_t i = 0; i < ids.n; i++) {
+        rb_delivery *d = th_get(e, ids.id[i]);
+        assert_int_equal(d->status, RB_PROCESSING);     /* left to their leases */
+        assert_int_equal(d->attempts, 1);
+        rb_delivery_free(d);
+    }
+    while (rb_monotonic() < t0 + 0.5) th_run_for(e, 0.05);
+    size_t n = 0;
+    TH_RUN_UNTIL(e, (n += th_claim(e, T, 10, 30)) >= 5, 3);
+    assert_int_equal(n, 5);
+    th_ids_free(&ids);
+    /* teardown's leak check: the records the late answer brought were freed */
+}
+
+static void a_claim_answered_past_the_local_deadline_is_released(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids ids = th_enqueue(e, T, 3, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.lease_duration = 0.6;             /* local deadline: 0.4 s after the claim was sent */
+    e->spy->claim_delay = 0.45;
+    e->spy->delay_claims = 1;           /* only the first claim comes late */
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_ok;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles == 3, 10);
+    assert_int_equal(h->settles, 3);
+    assert_int_equal(h->starts, 3);     /* only the second claim's runs started */
+    assert_int_equal(e->spy->kinds[RB_OP_RELEASE], 3);
+    for (size_t i = 0; i < ids.n; i++) {
+        rb_delivery *d = th_get(e, ids.id[i]);
+        assert_int_equal(d->status, RB_COMPLETED);
+        assert_int_equal(d->attempts, 1);               /* the late claim was not counted */
+        rb_delivery_free(d);
+    }
+    th_ids_free(&ids);
+}
+
+static void a_failing_claim_is_retried_at_the_poll_interval(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids ids = th_enqueue(e, T, 2, 0, 0);
+    e->spy->refuse_claims = -1;
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.poll_interval = 0.1;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_ok;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    th_run_for(e, 1.0);
+    int calls = e->spy->claim_calls;
+    print_message("# %d claims in 1 s while the store refuses them (poll_interval 0.1)\n", calls);
+    assert_true(calls >= 5 && calls <= 25);
+    e->spy->refuse_claims = 0;
+    TH_RUN_UNTIL(e, h->settles == 2, 5);
+    assert_int_equal(h->settles, 2);
+    th_ids_free(&ids);
+}
+
+/* ---- options and handlers --------------------------------------------------------------------- */
+typedef struct option_case {
+    const char *what;
+    double lease, shutdown, poll;
+    int concurrency;
+    int ok;
+} option_case;
+
+static void options_check_refuses_what_is_out_of_range(void **state)
+{
+    (void)state;
+    static option_case cases[] = {
+        {"defaults", 30, 30, 1, 64, 1},
+        {"the smallest", RB_MIN_LEASE, 0, 1e-9, 1, 1},
+        {"the largest", RB_MAX_SECONDS, RB_MAX_SECONDS, RB_MAX_SECONDS, RB_MAX_CONCURRENCY, 1},
+        {"lease NaN", NAN, 30, 1, 64, 0},
+        {"lease inf", INFINITY, 30, 1, 64, 0},
+        {"lease -inf", -INFINITY, 30, 1, 64, 0},
+        {"lease negative", -1, 30, 1, 64, 0},
+        {"lease zero", 0, 30, 1, 64, 0},
+        {"lease below the minimum", RB_MIN_LEASE / 2, 30, 1, 64, 0},
+        {"lease huge", RB_MAX_SECONDS * 2, 30, 1, 64, 0},
+        {"lease 1e300", 1e300, 30, 1, 64, 0},
+        {"shutdown NaN", 30, NAN, 1, 64, 0},
+        {"shutdown inf", 30, INFINITY, 1, 64, 0},
+        {"shutdown negative", 30, -0.5, 1, 64, 0},
+        {"shutdown huge", 30, RB_MAX_SECONDS * 2, 1, 64, 0},
+        {"poll NaN", 30, 30, NAN, 64, 0},
+        {"poll inf", 30, 30, INFINITY, 64, 0},
+        {"poll negative", 30, 30, -1, 64, 0},
+        {"poll zero", 30, 30, 0, 64, 0},
+        {"poll huge", 30, 30, RB_MAX_SECONDS * 2, 64, 0},
+        {"concurrency zero", 30, 30, 1, 0, 0},
+        {"concurrency negative", 30, 30, 1, -5, 0},
+        {"concurrency huge", 30, 30, 1, RB_MAX_CONCURRENCY + 1, 0},
+        {"concurrency INT_MIN", 30, 30, 1, -2147483647 - 1, 0},
+    };
+    char why[200];
+    rb_store *s = rb_store_open(ev_default_loop(0), "sqlite::memory:", NULL, why, sizeof why);
+    if (!s) fail_msg("sqlite::memory: %s", why);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const option_case *c = &cases[i];
+        rb_dispatcher_options o;
+        rb_dispatcher_options_init(&o);
+        o.lease_duration = c->lease;
+        o.shutdown_timeout = c->shutdown;
+        o.poll_interval = c->poll;
+        o.concurrency = c->concurrency;
+        char err[200] = "unchanged";
+        int rc = rb_dispatcher_options_check(&o, err, sizeof err);
+        if (c->ok) {
+            if (rc != 0) fail_msg("%s: refused (%s)", c->what, err);
+            assert_string_equal(err, "unchanged");
+        } else {
+            if (rc != -1) fail_msg("%s: accepted", c->what);
+            assert_true(strlen(err) > 10);
+            /* the message names the option */
+            const char *name = c->what[0] == 'l' ? "lease_duration" : c->what[0] == 's'
+                ? "shutdown_timeout" : c->what[0] == 'p' ? "poll_interval" : "concurrency";
+            if (!strstr(err, name)) fail_msg("%s: the message does not name %s: %s", c->what, name, err);
+            assert_int_equal(rb_dispatcher_options_check(&o, NULL, 0), -1);
+            char tiny[4];
+            assert_int_equal(rb_dispatcher_options_check(&o, tiny, sizeof tiny), -1);
+            assert_int_equal(strlen(tiny), 3);
+        }
+        rb_dispatcher *d = rb_dispatcher_new(s, &o);
+        if (c->ok) assert_non_null(d);
+        else assert_null(d);
+        rb_dispatcher_free(d);
+    }
+    rb_dispatcher_options o;
+    rb_dispatcher_options_init(&o);
+    assert_int_equal(rb_dispatcher_options_check(&o, NULL, 0), 0);
+    s->vt->close(s);
+}
+
+static void handle_refuses_a_second_handler_and_a_late_one(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_dispatcher(e, NULL);
+    th_handler *h = th_new_handler(e);
+    th_handle(e, h, T);
+    assert_int_equal(rb_dispatcher_handle(e->d, T, &h->def), -1);     /* the topic has one */
+    rb_handler_def none = {0};
+    assert_int_equal(rb_dispatcher_handle(e->d, "other", &none), -1);  /* no start */
+    assert_int_equal(rb_dispatcher_handle(e->d, "other", NULL), -1);
+    rb_dispatcher_start(e->d);
+    th_handler *late = th_new_handler(e);
+    late->def.start = h->def.start;
+    assert_int_equal(rb_dispatcher_handle(e->d, "later", &late->def), -1);
+    th_stop(e, 1);
+    rb_dispatcher_free(e->d);
+    e->d = NULL;
+    assert_int_equal(h->freed, 1);      /* the refused ones are not the dispatcher's */
+    assert_int_equal(late->freed, 0);
+}
+
+/* Only topics with a handler are claimed. */
+static void only_handled_topics_are_claimed(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids mine = th_enqueue(e, T, 3, 0, 0), other = th_enqueue(e, "other", 3, 0, 0);
+    th_dispatcher(e, NULL);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_ok;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles == 3, 10);
+    th_run_for(e, 0.1);
+    assert_int_equal(h->settles, 3);
+    for (size_t i = 0; i < other.n; i++) assert_int_equal(th_status(e, other.id[i]), RB_PENDING);
+    th_ids_free(&mine);
+    th_ids_free(&other);
+}
+
+#define BOTH(name, fn) TH_TEST(sqlite_memory, name, fn), TH_TEST(postgresql, name, fn)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        BOTH("never more handlers running than concurrency", never_more_runs_than_concurrency),
+        BOTH("one claim at a time when the store runs them one by one",
+             one_claim_at_a_time_without_parallelism),
+        BOTH("claim_parallelism 2: two claims in flight during a backlog, never more",
+             claim_parallelism_two_is_respected),
+        BOTH("claim_parallelism 3: three claims in flight during a backlog, never more",
+             claim_parallelism_three_is_respected),
+        BOTH("a claim answered after the dispatcher was freed frees its records",
+             a_claim_answered_after_free_frees_its_records),
+        BOTH("a claim answered past the runs' local deadline is released, the attempt back",
+             a_claim_answered_past_the_local_deadline_is_released),
+        BOTH("a failing claim is retried at the poll interval, not spun on",
+             a_failing_claim_is_retried_at_the_poll_interval),
+        {"rb_dispatcher_options_check refuses NaN, inf, negative, zero and huge values",
+         options_check_refuses_what_is_out_of_range, NULL, NULL, NULL},
+        TH_TEST(sqlite_memory, "handle refuses a second handler, no start, and after start",
+                handle_refuses_a_second_handler_and_a_late_one),
+        BOTH("only topics with a handler are claimed", only_handled_topics_are_claimed),
+    };
+    return cmocka_run_group_tests_name("claim", tests, NULL, NULL);
+}

@@ -1,0 +1,868 @@
+/* harness.c -- the shared parts of the C tests (harness.h): environments on a private loop,
+ * the counting store double, blocking store helpers, the recording handler, leak checks. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "harness.h"
+#include "log.h"
+
+th_kind th_sqlite_memory = TH_SQLITE_MEMORY, th_sqlite_file = TH_SQLITE_FILE,
+        th_postgresql = TH_POSTGRESQL;
+
+/* ---- leaks -------------------------------------------------------------------------------- */
+/* Present only in a binary built with AddressSanitizer or LeakSanitizer. */
+extern int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
+
+static int leak_reported;   /* a leak was reported: later checks would report it again */
+
+/* The value of the last "detect_leaks=" in opts (the sanitizers read flags in order), or -1. */
+static int last_detect_leaks(const char *opts)
+{
+    int v = -1;
+    for (const char *p = opts; p && (p = strstr(p, "detect_leaks=")); p += 13) v = p[13] == '1';
+    return v;
+}
+
+int th_lsan_active(void)
+{
+    if (!__lsan_do_recoverable_leak_check) return 0;
+    /* LSAN_OPTIONS is read after ASAN_OPTIONS: its setting wins; leaks are on by default */
+    int l = last_detect_leaks(getenv("LSAN_OPTIONS")), a = last_detect_leaks(getenv("ASAN_OPTIONS"));
+    return l >= 0 ? l : a != 0;
+}
+
+int th_leak_check(void)
+{
+    if (leak_reported || !__lsan_do_recoverable_leak_check) return 0;
+    if (__lsan_do_recoverable_leak_check()) {
+        leak_reported = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- the store double ------------------------------------------------------------------- */
+struct th_held {
+    th_spy *spy;
+    rb_records_cb cb;
+    void *ud;
+    int answered;               /* the real store has answered (below) */
+    char *err;
+    rb_delivery **recs;
+    size_t n;
+    ev_timer timer;
+    th_held *next;
+};
+
+#define SPY(s) ((th_spy *)(s))
+#define REAL(s) (SPY(s)->real)
+
+static void held_unlink(th_held *h)
+{
+    for (th_held **pp = &h->spy->held; *pp; pp = &(*pp)->next)
+        if (*pp == h) { *pp = h->next; return; }
+}
+
+/* Hands one claim's answer to the dispatcher; frees h. */
+static void held_answer(th_held *h)
+{
+    th_spy *p = h->spy;
+    held_unlink(h);
+    ev_timer_stop(p->base.loop, &h->timer);
+    p->claims_in_flight--;
+    rb_records_cb cb = h->cb;
+    void *ud = h->ud;
+    char *err = h->err;
+    rb_delivery **recs = h->recs;
+    size_t n = h->n;
+    free(h);
+    cb(ud, err, recs, n);
+    free(err);
+}
+
+static void on_held_due(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    held_answer(w->data);
+}
+
+static void spy_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
+{
+    th_held *h = ud;
+    th_spy *p = h->spy;
+    h->answered = 1;
+    h->err = err ? strdup(err) : NULL;
+    h->recs = recs;
+    h->n = n;
+    if (p->claim_delay > 0 && p->delay_claims != 0) {
+        if (p->delay_claims > 0) p->delay_claims--;
+        ev_timer_init(&h->timer, on_held_due, p->claim_delay, 0);
+        h->timer.data = h;
+        ev_timer_start(p->base.loop, &h->timer);
+    } else if (!p->hold_claims) {
+        held_answer(h);
+    }
+}
+
+int th_spy_answer_claims(th_spy *p)
+{
+    int k = 0;
+    for (th_held *h = p->held, *next; h; h = next) {
+        next = h->next;
+        if (h->answered) { held_answer(h); k++; next = p->held; }
+    }
+    return k;
+}
+
+int th_spy_held(const th_spy *p)
+{
+    int k = 0;
+    for (const th_held *h = p->held; h; h = h->next) k += h->answered;
+    return k;
+}
+
+static void spy_claim(rb_store *s, const rb_claim_req *req, rb_records_cb cb, void *ud)
+{
+    th_spy *p = SPY(s);
+    if (p->claim_calls < TH_MAX_CALLS) p->claim_limit[p->claim_calls] = req->limit;
+    p->claim_calls++;
+    if (++p->claims_in_flight > p->max_claims_in_flight)
+        p->max_claims_in_flight = p->claims_in_flight;
+    if (p->refuse_claims != 0) {
+        if (p->refuse_claims > 0) p->refuse_claims--;
+        p->claims_in_flight--;
+        cb(ud, "claim refused by the test", NULL, 0);
+        return;
+    }
+    th_held *h = calloc(1, sizeof *h);
+    assert_non_null(h);
+    h->spy = p;
+    h->cb = cb;
+    h->ud = ud;
+    ev_init(&h->timer, on_held_due);
+    h->next = p->held;
+    p->held = h;
+    p->real->vt->claim(p->real, req, spy_claimed, h);
+}
+
+/* A settle answer passed on settle_delay after the real store gave it. */
+struct late_settle {
+    th_spy *spy;
+    rb_done_cb cb;
+    void *ud;
+    char *err;
+    int answered;
+    ev_timer timer;
+    late_settle *next;
+};
+
+static void late_answer(late_settle *l)
+{
+    th_spy *p = l->spy;
+    for (late_settle **pp = &p->late; *pp; pp = &(*pp)->next)
+        if (*pp == l) { *pp = l->next; break; }
+    ev_timer_stop(p->base.loop, &l->timer);
+    rb_done_cb cb = l->cb;
+    void *ud = l->ud;
+    char *err = l->err;
+    free(l);
+    cb(ud, err);
+    free(err);
+}
+
+static void on_late_due(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    late_answer(w->data);
+}
+
+static void on_late_settled(void *ud, const char *err)
+{
+    late_settle *l = ud;
+    l->answered = 1;
+    l->err = err ? strdup(err) : NULL;
+    ev_timer_start(l->spy->base.loop, &l->timer);
+}
+
+static void spy_settle(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud)
+{
+    th_spy *p = SPY(s);
+    if (p->settle_calls < TH_MAX_CALLS) {
+        p->batch[p->settle_calls] = n;
+        p->batch_at[p->settle_calls] = rb_monotonic();
+    }
+    p->settle_calls++;
+    p->settle_writes += n;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned)ops[i].kind < 5) p->kinds[ops[i].kind]++;
+    int mine = 0;
+    for (size_t i = 0; p->refuse_id[0] && i < n; i++)
+        mine |= ops[i].id && strcmp(ops[i].id, p->refuse_id) == 0;
+    int refuse = p->refuse_settles != 0 || (p->refuse_batches && n > 1) || mine;
+    if (refuse) {
+        if (p->refuse_settles > 0) p->refuse_settles--;
+        p->refused++;
+        for (size_t i = 0; i < n; i++) ops[i].applied = 0;
+        if (p->settle_delay <= 0) {
+            cb(ud, "refused by the test");
+            return;
+        }
+    }
+    if (p->settle_delay > 0) {
+        late_settle *l = calloc(1, sizeof *l);
+        assert_non_null(l);
+        l->spy = p;
+        l->cb = cb;
+        l->ud = ud;
+        l->next = p->late;
+        p->late = l;
+        ev_timer_init(&l->timer, on_late_due, p->settle_delay, 0);
+        l->timer.data = l;
+        if (refuse) on_late_settled(l, "refused by the test");
+        else p->real->vt->settle(p->real, ops, n, on_late_settled, l);
+        return;
+    }
+    p->real->vt->settle(p->real, ops, n, cb, ud);
+}
+
+static void spy_enqueue(rb_store *s, const rb_enqueue_item *it, size_t n, rb_ids_cb cb, void *ud)
+{
+    REAL(s)->vt->enqueue(REAL(s), it, n, cb, ud);
+}
+static void spy_get(rb_store *s, const char *id, rb_records_cb cb, void *ud)
+{
+    REAL(s)->vt->get(REAL(s), id, cb, ud);
+}
+static void spy_list(rb_store *s, const rb_list_req *req, rb_records_cb cb, void *ud)
+{
+    REAL(s)->vt->list(REAL(s), req, cb, ud);
+}
+static void spy_stats(rb_store *s, rb_stats_cb cb, void *ud)
+{
+    REAL(s)->vt->stats(REAL(s), cb, ud);
+}
+static void spy_kick(rb_store *s, rb_kick_mode m, const char *id, rb_count_cb cb, void *ud)
+{
+    REAL(s)->vt->kick(REAL(s), m, id, cb, ud);
+}
+static void spy_purge(rb_store *s, const char *st, double age, size_t lim, rb_count_cb cb,
+                      void *ud)
+{
+    REAL(s)->vt->purge(REAL(s), st, age, lim, cb, ud);
+}
+static void spy_topic_stats(rb_store *s, rb_rows_cb cb, void *ud)
+{
+    REAL(s)->vt->topic_stats(REAL(s), cb, ud);
+}
+static void spy_bury(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    REAL(s)->vt->bury(REAL(s), id, reason, cb, ud);
+}
+static void spy_remove(rb_store *s, const char *id, rb_count_cb cb, void *ud)
+{
+    REAL(s)->vt->remove(REAL(s), id, cb, ud);
+}
+static void spy_lease(rb_store *s, rb_lease_op op, const char *name, const char *token, double dur,
+                      rb_lease_cb cb, void *ud)
+{
+    REAL(s)->vt->lease(REAL(s), op, name, token, dur, cb, ud);
+}
+/* A begin's answer passed on begin_delay after the real store gave it. */
+typedef struct late_begin {
+    rb_tx_cb cb;
+    void *ud;
+    char *err;
+    rb_tx *tx;
+    double delay;
+    struct ev_loop *loop;
+    ev_timer timer;
+} late_begin;
+
+static void on_begin_due(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    late_begin *l = w->data;
+    ev_timer_stop(loop, w);
+    l->cb(l->ud, l->err, l->tx);
+    free(l->err);
+    free(l);
+}
+
+static void on_late_begun(void *ud, const char *err, rb_tx *tx)
+{
+    late_begin *l = ud;
+    l->err = err ? strdup(err) : NULL;
+    l->tx = tx;
+    ev_timer_init(&l->timer, on_begin_due, l->delay, 0);
+    l->timer.data = l;
+    ev_timer_start(l->loop, &l->timer);
+}
+
+static void spy_begin(rb_store *s, rb_tx_cb cb, void *ud)
+{
+    th_spy *p = SPY(s);
+    p->begins++;
+    if (p->refuse_begins != 0) {
+        if (p->refuse_begins > 0) p->refuse_begins--;
+        cb(ud, "begin refused by the test", NULL);
+        return;
+    }
+    if (p->begin_delay > 0) {
+        late_begin *l = calloc(1, sizeof *l);
+        assert_non_null(l);
+        *l = (late_begin){.cb = cb, .ud = ud, .delay = p->begin_delay, .loop = p->base.loop};
+        REAL(s)->vt->begin(REAL(s), on_late_begun, l);
+        return;
+    }
+    REAL(s)->vt->begin(REAL(s), cb, ud);
+}
+static void spy_set_wakeup(rb_store *s, void (*fn)(void *), void *ud)
+{
+    REAL(s)->vt->set_wakeup(REAL(s), fn, ud);
+}
+
+/* Claims still held get the error a closing store gives; then the real store closes. */
+static void spy_close(rb_store *s)
+{
+    th_spy *p = SPY(s);
+    while (p->held && p->held->answered) {
+        th_held *h = p->held;
+        rb_delivery_list_free(h->recs, h->n);
+        h->recs = NULL;
+        h->n = 0;
+        free(h->err);
+        h->err = strdup("store closed");
+        held_answer(h);
+    }
+    /* settle answers held back are passed on before the store goes */
+    while (p->late && p->late->answered) late_answer(p->late);
+    p->real->vt->close(p->real);
+    /* a claim the real store had not answered got "store closed" from it meanwhile */
+    while (p->held) th_spy_answer_claims(p);
+    while (p->late) late_answer(p->late);
+    free(p);
+}
+
+/* The in-process wake-up of the real store reaches whoever listens on the double. */
+static void spy_local_wakeup(void *ud)
+{
+    th_spy *p = ud;
+    if (p->base.local_wakeup) p->base.local_wakeup(p->base.local_wakeup_ud);
+}
+
+static th_spy *spy_new(rb_store *real)
+{
+    th_spy *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->real = real;
+    /* Every operation goes through the double: the real store's functions must never see
+     * the double as their store (an operation added to the vtable needs a forwarder here). */
+    p->vt = (rb_store_vtable){.name = real->vt->name, .tx_exclusive = real->vt->tx_exclusive,
+                              .claim_parallelism = real->vt->claim_parallelism,
+                              .tx_enqueue = real->vt->tx_enqueue, .tx_exec = real->vt->tx_exec,
+                              .tx_query = real->vt->tx_query, .tx_doc = real->vt->tx_doc,
+                              .commit = real->vt->commit, .rollback = real->vt->rollback};
+    p->vt.enqueue = spy_enqueue;
+    p->vt.claim = spy_claim;
+    p->vt.settle = spy_settle;
+    p->vt.get = spy_get;
+    p->vt.list = spy_list;
+    p->vt.stats = spy_stats;
+    p->vt.kick = spy_kick;
+    p->vt.purge = spy_purge;
+    p->vt.topic_stats = real->vt->topic_stats ? spy_topic_stats : NULL;
+    p->vt.bury = real->vt->bury ? spy_bury : NULL;
+    p->vt.remove = real->vt->remove ? spy_remove : NULL;
+    p->vt.lease = real->vt->lease ? spy_lease : NULL;
+    p->vt.begin = spy_begin;
+    p->vt.set_wakeup = real->vt->set_wakeup ? spy_set_wakeup : NULL;
+    p->vt.close = spy_close;
+    p->base.vt = &p->vt;
+    p->base.loop = real->loop;
+    p->base.table = real->table;
+    real->local_wakeup = spy_local_wakeup;
+    real->local_wakeup_ud = p;
+    return p;
+}
+
+/* ---- environments ------------------------------------------------------------------------- */
+static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)w; (void)revents;
+}
+
+static void log_sink(rb_log_level level, const char *line, void *ud)
+{
+    (void)level;
+    th_env *e = ud;
+    e->warnings++;
+    snprintf(e->last_warning, sizeof e->last_warning, "%s", line);
+    if (getenv("TH_VERBOSE")) fprintf(stderr, "# relaybus: %s\n", line);
+}
+
+static int ci(void)
+{
+    const char *v = getenv("CI");
+    return v && (strcmp(v, "true") == 0 || strcmp(v, "1") == 0);
+}
+
+static rb_store *open_real(th_env *e)
+{
+    char err[400] = "";
+    rb_store *s = NULL;
+    if (e->kind == TH_SQLITE_MEMORY) {
+        s = rb_store_open(e->loop, "sqlite::memory:", NULL, err, sizeof err);
+    } else if (e->kind == TH_SQLITE_FILE) {
+        const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(e->path, sizeof e->path, "%s/relaybus-ctest-XXXXXX", tmp);
+        int fd = mkstemp(e->path);
+        if (fd < 0) {
+            snprintf(e->why, sizeof e->why, "mkstemp: %s", strerror(errno));
+            return NULL;
+        }
+        close(fd);
+        unlink(e->path);    /* the store makes it itself, 0600 */
+        char url[300];
+        snprintf(url, sizeof url, "sqlite:%s", e->path);
+        s = rb_store_open(e->loop, url, NULL, err, sizeof err);
+    } else {
+        const char *url = getenv("RELAYBUS_TEST_PG");
+        if (!url || !*url) {
+            snprintf(e->why, sizeof e->why, "RELAYBUS_TEST_PG is not set");
+            return NULL;
+        }
+        static int counter;
+        char table[64];
+        snprintf(table, sizeof table, "ct_%ld_%d_%d", (long)getpid(), (int)rb_wall_time() % 100000,
+                 ++counter);
+        rb_store_options o = {table, 1};
+        s = rb_store_open(e->loop, url, &o, err, sizeof err);
+    }
+    if (!s) snprintf(e->why, sizeof e->why, "cannot open the store: %s", err);
+    return s;
+}
+
+int th_setup(void **state)
+{
+    th_kind kind = state && *state ? *(th_kind *)*state : TH_SQLITE_MEMORY;
+    th_env *e = calloc(1, sizeof *e);
+    if (!e) return -1;
+    e->kind = kind;
+    e->loop = ev_loop_new(EVFLAG_AUTO);
+    if (!e->loop) { free(e); return -1; }
+    ev_timer_init(&e->tick, on_tick, 0.002, 0.002);
+    ev_timer_start(e->loop, &e->tick);
+    rb_log_set_sink(log_sink, e);
+    rb_store *real = open_real(e);
+    if (real) {
+        e->spy = spy_new(real);
+        if (!e->spy) { real->vt->close(real); return -1; }
+        e->store = &e->spy->base;
+    } else {
+        e->unavailable = 1;
+    }
+    *state = e;
+    return 0;
+}
+
+th_env *th_env_of(void **state)
+{
+    th_env *e = *state;
+    if (e->unavailable) {
+        if (ci()) fail_msg("store not available (and CI=true): %s", e->why);
+        print_message("# skipped: %s\n", e->why);
+        skip();
+    }
+    return e;
+}
+
+int th_teardown(void **state)
+{
+    th_env *e = *state;
+    if (!e) return 0;
+    rb_alloc_fail_nth(0);
+    if (e->d) rb_dispatcher_free(e->d);
+    e->d = NULL;
+    if (e->store) e->store->vt->close(e->store);
+    for (int i = 0; i < e->nhandlers; i++) free(e->handlers[i]);
+    rb_log_set_sink(NULL, NULL);
+    ev_timer_stop(e->loop, &e->tick);
+    ev_loop_destroy(e->loop);
+    if (e->path[0]) {
+        char p[300];
+        unlink(e->path);
+        snprintf(p, sizeof p, "%s-wal", e->path);
+        unlink(p);
+        snprintf(p, sizeof p, "%s-shm", e->path);
+        unlink(p);
+    }
+    free(e);
+    *state = NULL;
+    if (th_leak_check()) {
+        print_message("# LeakSanitizer found a leak in this test (report above)\n");
+        return -1;
+    }
+    return 0;
+}
+
+int th_step(th_env *e, double end)
+{
+    if (rb_monotonic() >= end) return 0;
+    ev_run(e->loop, EVRUN_ONCE);
+    return 1;
+}
+
+void th_run_for(th_env *e, double seconds)
+{
+    double end = rb_monotonic() + seconds;
+    while (th_step(e, end)) {}
+}
+
+void th_record(th_env *e, char what, rb_abort_reason reason, const char *id)
+{
+    if (e->nevents >= TH_MAX_EVENTS) return;
+    th_event *ev = &e->ev[e->nevents++];
+    ev->what = what;
+    ev->reason = reason;
+    snprintf(ev->id, sizeof ev->id, "%s", id ? id : "");
+}
+
+int th_find_event(const th_env *e, char what, const char *id, int from)
+{
+    for (int i = from < 0 ? 0 : from; i < e->nevents; i++)
+        if (e->ev[i].what == what && (!id || strcmp(e->ev[i].id, id) == 0)) return i;
+    return -1;
+}
+
+int th_count_events(const th_env *e, char what, const char *id)
+{
+    int n = 0;
+    for (int i = 0; i < e->nevents; i++)
+        if (e->ev[i].what == what && (!id || strcmp(e->ev[i].id, id) == 0)) n++;
+    return n;
+}
+
+/* ---- dispatchers ---------------------------------------------------------------------------- */
+static void on_stopped(rb_dispatcher *d, void *ud)
+{
+    th_env *e = ud;
+    assert_ptr_equal(d, e->d);
+    e->stopped++;
+    th_record(e, 'P', 0, NULL);
+}
+
+static void on_quiet(rb_dispatcher *d, void *ud)
+{
+    th_env *e = ud;
+    assert_ptr_equal(d, e->d);
+    e->quiet++;
+    th_record(e, 'Q', 0, NULL);
+    if (e->free_in_quiet) {
+        rb_dispatcher_free(d);
+        e->d = NULL;
+    }
+}
+
+void th_options(th_env *e, rb_dispatcher_options *o)
+{
+    rb_dispatcher_options_init(o);
+    o->poll_interval = 0.05;
+    o->on_stopped = on_stopped;
+    o->on_stopped_ud = e;
+    o->on_quiet = on_quiet;
+    o->on_quiet_ud = e;
+}
+
+rb_dispatcher *th_dispatcher(th_env *e, const rb_dispatcher_options *o)
+{
+    rb_dispatcher_options def;
+    if (!o) {
+        th_options(e, &def);
+        o = &def;
+    }
+    e->d = rb_dispatcher_new(e->store, o);
+    assert_non_null(e->d);
+    return e->d;
+}
+
+static void on_stop_done(void *ud)
+{
+    th_env *e = ud;
+    e->stop_done++;
+    th_record(e, 'W', 0, NULL);
+}
+
+void th_stop(th_env *e, double timeout)
+{
+    int before = e->stop_done;
+    rb_dispatcher_stop(e->d, timeout, on_stop_done, e);
+    TH_RUN_UNTIL(e, e->stop_done > before, timeout + 10);
+    assert_true(e->stop_done > before);
+}
+
+/* ---- blocking store helpers ------------------------------------------------------------- */
+typedef struct waiter {
+    int done;
+    char err[256];
+    th_ids ids;
+    rb_delivery **recs;
+    size_t n;
+    rb_stats st;
+} waiter;
+
+static void wait_for(th_env *e, waiter *w, const char *what)
+{
+    TH_RUN_UNTIL(e, w->done, 30);
+    if (!w->done) fail_msg("%s: the store did not answer in 30 s", what);
+}
+
+static void on_ids(void *ud, const char *err, char **ids, size_t n)
+{
+    waiter *w = ud;
+    w->done = 1;
+    if (err) { snprintf(w->err, sizeof w->err, "%s", err); return; }
+    w->ids.n = n;
+    w->ids.id = calloc(n + 1, sizeof *w->ids.id);
+    for (size_t i = 0; i < n; i++) w->ids.id[i] = strdup(ids[i]);
+}
+
+th_ids th_enqueue(th_env *e, const char *topic, size_t n, double delay, int max_attempts)
+{
+    rb_enqueue_item *items = calloc(n ? n : 1, sizeof *items);
+    assert_non_null(items);
+    for (size_t i = 0; i < n; i++) {
+        items[i].topic = topic;
+        items[i].payload = "{}";
+        items[i].delay = delay;
+        items[i].max_attempts = max_attempts > 0 ? max_attempts : 25;
+    }
+    waiter w = {0};
+    rb_store *real = e->spy->real;
+    real->vt->enqueue(real, items, n, on_ids, &w);
+    free(items);
+    wait_for(e, &w, "enqueue");
+    if (w.err[0]) fail_msg("enqueue: %s", w.err);
+    assert_int_equal(w.ids.n, n);
+    return w.ids;
+}
+
+void th_ids_free(th_ids *ids)
+{
+    for (size_t i = 0; ids->id && i < ids->n; i++) free(ids->id[i]);
+    free(ids->id);
+    ids->id = NULL;
+    ids->n = 0;
+}
+
+static void on_records(void *ud, const char *err, rb_delivery **recs, size_t n)
+{
+    waiter *w = ud;
+    w->done = 1;
+    if (err) snprintf(w->err, sizeof w->err, "%s", err);
+    w->recs = recs;
+    w->n = n;
+}
+
+rb_delivery *th_get(th_env *e, const char *id)
+{
+    waiter w = {0};
+    rb_store *real = e->spy->real;
+    real->vt->get(real, id, on_records, &w);
+    wait_for(e, &w, "get");
+    if (w.err[0]) fail_msg("get %s: %s", id, w.err);
+    rb_delivery *d = w.n ? w.recs[0] : NULL;
+    for (size_t i = 1; i < w.n; i++) rb_delivery_free(w.recs[i]);
+    free(w.recs);
+    return d;
+}
+
+int th_status(th_env *e, const char *id)
+{
+    rb_delivery *d = th_get(e, id);
+    int s = d ? (int)d->status : -1;
+    rb_delivery_free(d);
+    return s;
+}
+
+static void on_stats(void *ud, const char *err, const rb_stats *st)
+{
+    waiter *w = ud;
+    w->done = 1;
+    if (err) snprintf(w->err, sizeof w->err, "%s", err);
+    else w->st = *st;
+}
+
+rb_stats th_stats(th_env *e)
+{
+    waiter w = {0};
+    rb_store *real = e->spy->real;
+    real->vt->stats(real, on_stats, &w);
+    wait_for(e, &w, "stats");
+    if (w.err[0]) fail_msg("stats: %s", w.err);
+    return w.st;
+}
+
+size_t th_claim(th_env *e, const char *topic, size_t limit, double lease)
+{
+    waiter w = {0};
+    const char *topics[] = {topic};
+    rb_claim_req req = {topics, 1, limit, lease};
+    rb_store *real = e->spy->real;
+    real->vt->claim(real, &req, on_records, &w);
+    wait_for(e, &w, "claim");
+    if (w.err[0]) fail_msg("claim: %s", w.err);
+    rb_delivery_list_free(w.recs, w.n);
+    return w.n;
+}
+
+/* ---- the recording handler ---------------------------------------------------------------- */
+static void unlink_live(th_run *r)
+{
+    th_handler *h = r->h;
+    if (r->prev) r->prev->next = r->next;
+    else h->live = r->next;
+    if (r->next) r->next->prev = r->prev;
+    h->nlive--;
+}
+
+static void rec_start(rb_run *run, void *ud)
+{
+    th_handler *h = ud;
+    const rb_delivery *rec = rb_run_delivery(run);
+    assert_null(rb_run_get_data(run));
+    th_run *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->h = h;
+    r->run = run;
+    snprintf(r->id, sizeof r->id, "%s", rec->id);
+    r->attempts = rec->attempts;
+    ev_init(&r->timer, NULL);
+    r->next = h->live;
+    if (h->live) h->live->prev = r;
+    h->live = r;
+    h->nlive++;
+    rb_run_set_data(run, r);
+    h->starts++;
+    if (++h->running > h->max_running) h->max_running = h->running;
+    th_record(h->env, 'S', 0, r->id);
+    if (h->on_start) h->on_start(h, r);
+}
+
+static void rec_abort(rb_run *run, rb_abort_reason reason, void *ud)
+{
+    th_handler *h = ud;
+    th_run *r = rb_run_get_data(run);
+    assert_non_null(r);
+    assert_int_equal(rb_run_aborted(run), reason);
+    h->aborts++;
+    th_record(h->env, 'A', reason, r->id);
+    if (h->on_abort) h->on_abort(h, r, reason);
+}
+
+static void rec_settled(rb_run *run, void *ud)
+{
+    th_handler *h = ud;
+    th_run *r = rb_run_get_data(run);
+    if (!r) {                   /* settled without having started */
+        h->unstarted_settles++;
+        th_record(h->env, 'U', rb_run_aborted(run), rb_run_delivery(run)->id);
+        return;
+    }
+    h->settles++;
+    th_record(h->env, 'D', rb_run_aborted(run), r->id);
+    if (h->on_settled) h->on_settled(h, r);
+    ev_timer_stop(h->env->loop, &r->timer);
+    if (r->run) h->running--;     /* settled without finishing: abandoned at a free */
+    unlink_live(r);
+    rb_run_set_data(run, NULL);
+    free(r);
+}
+
+/* The dispatcher is being freed: runs it did not settle are gone with it. */
+static void rec_free(void *ud)
+{
+    th_handler *h = ud;
+    h->freed++;
+    th_record(h->env, 'F', 0, NULL);
+    while (h->live) {
+        th_run *r = h->live;
+        ev_timer_stop(h->env->loop, &r->timer);
+        unlink_live(r);
+        free(r);
+    }
+}
+
+th_handler *th_new_handler(th_env *e)
+{
+    assert_true(e->nhandlers < 8);
+    th_handler *h = calloc(1, sizeof *h);
+    assert_non_null(h);
+    h->env = e;
+    e->handlers[e->nhandlers++] = h;
+    return h;
+}
+
+void th_handle(th_env *e, th_handler *h, const char *topic)
+{
+    h->env = e;
+    h->def.start = rec_start;
+    h->def.abort = rec_abort;
+    h->def.settled = rec_settled;
+    h->def.free = rec_free;
+    h->def.ud = h;
+    assert_int_equal(rb_dispatcher_handle(e->d, topic, &h->def), 0);
+}
+
+void th_finish(th_run *r, int ok, const char *error)
+{
+    assert_non_null(r->run);
+    rb_run *run = r->run;
+    r->run = NULL;          /* finished: the run is the dispatcher's until settled */
+    r->h->running--;
+    ev_timer_stop(r->h->env->loop, &r->timer);
+    rb_run_finish(run, ok, error);
+}
+
+static void on_finish_due(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    th_run *r = w->data;
+    if (r->run) th_finish(r, r->ok, r->error[0] ? r->error : NULL);
+}
+
+void th_finish_after(th_run *r, double delay, int ok, const char *error)
+{
+    r->ok = ok;
+    snprintf(r->error, sizeof r->error, "%s", error ? error : "");
+    ev_timer_stop(r->h->env->loop, &r->timer);
+    ev_timer_init(&r->timer, on_finish_due, delay, 0);
+    r->timer.data = r;
+    ev_timer_start(r->h->env->loop, &r->timer);
+}
+
+th_run *th_live_run(th_handler *h, const char *id)
+{
+    for (th_run *r = h->live; r; r = r->next)
+        if (!id || strcmp(r->id, id) == 0) return r;
+    return NULL;
+}
+
+void th_start_ok(th_handler *h, th_run *r) { (void)h; th_finish(r, 1, NULL); }
+void th_start_fail(th_handler *h, th_run *r) { (void)h; th_finish(r, 0, "boom"); }
+void th_start_later(th_handler *h, th_run *r) { th_finish_after(r, h->delay, 1, NULL); }
+
+void th_abort_finish(th_handler *h, th_run *r, rb_abort_reason reason)
+{
+    (void)h; (void)reason;
+    if (r->run) th_finish(r, 1, NULL);
+}
+
+void th_settle_cb(void *ud, const char *err, int applied)
+{
+    th_settle_result *res = ud;
+    res->called++;
+    res->applied = applied;
+    snprintf(res->err, sizeof res->err, "%s", err ? err : "");
+}

@@ -1,0 +1,404 @@
+-- dashboard_spec.lua -- relaybus.serve / runtime/dashboard.c against every store: the JSON of
+-- every endpoint, the metrics text through promtool and its counters against what ran, the
+-- token (403 read-only, 401 wrong), escaping, a loop that keeps answering while 256 handlers
+-- run, and attacks: bad ids, huge limits, bodies, wrong Host, slow clients, odd topics.
+local S = require "spec.support.stores"
+local H = require "spec.support.harness"
+local D = require "spec.support.dash"
+local relaybus = S.relaybus()
+local ci = os.getenv("CI") == "true" or os.getenv("CI") == "1"
+
+local function metric(text, name, labels)
+  for line in text:gmatch("[^\n]+") do
+    if line:sub(1, 1) ~= "#" then
+      local n, l, v = line:match("^([%w_]+)(%b{}) (%S+)$")
+      if not n then n, v = line:match("^([%w_]+) (%S+)$"); l = "" end
+      if n == name and (labels == nil or l == labels) then return tonumber(v) end
+    end
+  end
+end
+
+local function promtool(text)
+  local f = S.tmpfile("metrics") .. ".txt"
+  S.write(f, text)
+  local p = io.popen(S.foreign("promtool check metrics < " .. S.quote(f) .. " 2>&1; echo rc=$?"))
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+describe("promtool", function()
+  it("is installed (prometheus package; CI fails without it)", function()
+    local ok = os.execute("command -v promtool >/dev/null 2>&1")
+    if not ok and not ci then pending("promtool missing: scripts/install-deps.sh installs it") return end
+    assert.truthy(ok, "promtool not found: run scripts/install-deps.sh")
+  end)
+end)
+
+for _, entry in ipairs(S.list()) do
+  describe("dashboard on " .. entry.name, function()
+    after_each(function() S.reset() end)
+
+    it("serves stats, pages of deliveries and one delivery as JSON", function()
+      local store = S.open(entry, { migrate = true })
+      local ids = D.fill(store, { D.XSS })
+      D.with_server(store, nil, function(_, call)
+        local st, _, j = call("GET", "/api/stats")
+        assert.equal(200, st)
+        assert.same({ pending = 2, processing = 0, completed = 2, buried = 1 }, j.deliveries)
+        assert.equal(1, j.due)
+        assert.is_true(j.read_only)
+        local topics = {}
+        for _, t in ipairs(j.topics) do topics[t.topic] = t end
+        assert.equal(2, topics.ok.completed)
+        assert.equal(1, topics.bad.buried)
+        assert.equal(1, topics[D.XSS].pending, "the topic comes back exactly as enqueued")
+        -- pages, newest first, every delivery once
+        local seen, after, pages = {}, nil, 0
+        repeat
+          local path = "/api/deliveries?limit=2" .. (after and ("&after=" .. after) or "")
+          local s2, _, page = call("GET", path)
+          assert.equal(200, s2)
+          pages = pages + 1
+          for _, d in ipairs(page.deliveries) do
+            assert.is_nil(seen[d.id], "a delivery on two pages")
+            seen[#seen + 1] = d.id
+            seen[d.id] = d
+            assert.is_nil(d.payload, "pages carry no payload")
+          end
+          after = page.next ~= relaybus.json.null and page.next or nil
+        until not after or pages > 10
+        assert.equal(5, #seen)
+        assert.equal(ids.pending[2], seen[1], "the newest first")
+        -- filters
+        local _, _, b = call("GET", "/api/deliveries?status=buried")
+        assert.equal(1, #b.deliveries)
+        assert.equal(ids.buried[1], b.deliveries[1].id)
+        assert.equal("card declined: <b>nope</b>", b.deliveries[1].last_error:match("card declined: <b>nope</b>"))
+        local _, _, t = call("GET", "/api/deliveries?topic=" .. "%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
+        assert.equal(1, #t.deliveries)
+        assert.equal(D.XSS, t.deliveries[1].topic)
+        -- one delivery
+        local s3, _, one = call("GET", "/api/deliveries/" .. ids.buried[1])
+        assert.equal(200, s3)
+        assert.equal("buried", one.status)
+        assert.equal(1, one.attempts)
+        assert.equal(1, one.max_attempts)
+        assert.equal("number", type(one.fence))
+        assert.equal("number", type(one.run_at))
+        assert.same({ order = 7, items = { "a", "b" } }, relaybus.json.decode(one.payload))
+        local s4, _, none = call("GET", "/api/deliveries/999999999")
+        assert.equal(404, s4)
+        assert.equal("no such delivery", none.error)
+      end)
+    end)
+
+    it("writes metrics promtool accepts, with counters that match what ran", function()
+      local store = S.open(entry, { migrate = true })
+      D.with_server(store, nil, function(_, call)
+        -- the process's counters add up over this file's tests: compare what this one added
+        local _, before = call("GET", "/metrics")
+        local function delta(name, labels)
+          return (metric(S.last_metrics, name, labels) or 0) - (metric(before, name, labels) or 0)
+        end
+        -- the dispatcher starts after serve: lua_dispatcher.c attaches the metrics to it
+        for i = 1, 5 do store:enqueue("m.ok", { i = i }) end
+        for i = 1, 3 do store:enqueue("m.fail", { i = i }, { max_attempts = 2 }) end
+        store:enqueue('we"ird\\topic', {})
+        local d = H.dispatcher(store)
+        d:handle("m.ok", function() end)
+        d:handle("m.fail", function() error("no") end)
+        d:handle('we"ird\\topic', function() end)
+        d:start()
+        assert.truthy(H.poll(function() local s = store:stats() return s.completed == 6 and s.buried == 3 end, 30))
+        d:stop { timeout = 2 }
+        relaybus.sleep(1.1)     -- past the stats cache
+        local st, text, _, hd = call("GET", "/metrics")
+        assert.equal(200, st)
+        assert.matches("^text/plain; version=0.0.4", hd["content-type"])
+        S.last_metrics = text
+        local out = promtool(text)
+        if out:match("not found") and not ci then pending("promtool missing") return end
+        assert.matches("rc=0", out, 1, true)
+        assert.equal(5, delta( "relaybus_runs_total", '{topic="m.ok",outcome="completed"}'))
+        assert.equal(3, delta( "relaybus_runs_total", '{topic="m.fail",outcome="retried"}'))
+        assert.equal(3, delta( "relaybus_runs_total", '{topic="m.fail",outcome="buried"}'))
+        assert.equal(1, delta( "relaybus_runs_total", '{topic="we\\"ird\\\\topic",outcome="completed"}'),
+                     "labels escaped as the format says")
+        assert.equal(5, delta( "relaybus_run_duration_seconds_count", '{topic="m.ok"}'))
+        assert.equal(5, delta( "relaybus_start_delay_seconds_count", '{topic="m.ok"}'))
+        assert.equal(12, delta( "relaybus_claims_total"))
+        assert.equal(0, metric(text, "relaybus_runs_active"))
+        assert.equal(6, metric(text, "relaybus_deliveries", '{status="completed"}'))
+        assert.equal(3, metric(text, "relaybus_deliveries", '{status="buried"}'))
+        assert.equal(0, metric(text, "relaybus_due_deliveries"))
+        assert.equal(0, metric(text, "relaybus_oldest_due_age_seconds"))
+        assert.truthy(metric(text, "relaybus_lease_renewals_total"))
+      end)
+    end)
+
+    it("refuses actions without a token (403) and with a wrong one (401)", function()
+      local store = S.open(entry, { migrate = true })
+      local ids = D.fill(store)
+      local b = ids.buried[1]
+      D.with_server(store, nil, function(_, call)
+        for _, a in ipairs { { "POST", "/api/deliveries/" .. b .. "/kick" },
+                             { "POST", "/api/deliveries/kick?status=buried" },
+                             { "POST", "/api/deliveries/" .. ids.pending[1] .. "/bury" },
+                             { "DELETE", "/api/deliveries/" .. b } } do
+          local st, _, j = call(a[1], a[2], D.auth)
+          assert.equal(403, st, a[2])
+          assert.matches("read%-only", j.error)
+        end
+      end)
+      D.with_server(store, { token = D.TOKEN }, function(_, call)
+        for _, h in ipairs { {}, { Authorization = "Bearer wrong-token-0123456789" },
+                             { Authorization = "Bearer " .. D.TOKEN .. "x" },
+                             { Authorization = "Bearer " .. D.TOKEN:sub(1, -2) },
+                             { Authorization = D.TOKEN }, { Authorization = "Basic " .. D.TOKEN },
+                             { Authorization = "Bearer " } } do
+          local st, _, _, hd = call("POST", "/api/deliveries/" .. b .. "/kick", h)
+          assert.equal(401, st)
+          assert.equal("Bearer", hd["www-authenticate"])
+        end
+        assert.equal("buried", store:get(b).status, "nothing happened")
+      end)
+    end)
+
+    it("kicks, buries and deletes with the token", function()
+      local store = S.open(entry, { migrate = true })
+      local ids = D.fill(store)
+      D.with_server(store, { token = D.TOKEN }, function(_, call)
+        local st, _, j = call("POST", "/api/deliveries/" .. ids.buried[1] .. "/kick", D.auth)
+        assert.equal(200, st)
+        assert.equal(1, j.count)
+        local g = store:get(ids.buried[1])
+        assert.equal("pending", g.status)
+        assert.equal(0, g.attempts)
+        st = call("POST", "/api/deliveries/" .. ids.buried[1] .. "/kick", D.auth)
+        assert.equal(409, st, "not buried any more")
+        st = call("POST", "/api/deliveries/" .. ids.pending[1] .. "/bury", D.auth)
+        assert.equal(200, st)
+        g = store:get(ids.pending[1])
+        assert.equal("buried", g.status)
+        assert.equal("buried from the dashboard", g.last_error)
+        st = call("POST", "/api/deliveries/" .. ids.completed[1] .. "/bury", D.auth)
+        assert.equal(409, st, "a completed one is not buried")
+        st = call("DELETE", "/api/deliveries/" .. ids.buried[1], D.auth)
+        assert.equal(409, st, "a pending one is not deleted")
+        st = call("DELETE", "/api/deliveries/" .. ids.completed[1], D.auth)
+        assert.equal(200, st)
+        assert.is_nil(store:get(ids.completed[1]))
+        st = call("DELETE", "/api/deliveries/" .. ids.completed[1], D.auth)
+        assert.equal(409, st, "gone already")
+        st, _, j = call("POST", "/api/deliveries/kick?status=buried", D.auth)
+        assert.equal(200, st)
+        assert.equal(1, j.count)
+        assert.equal(0, store:stats().buried)
+        st = call("POST", "/api/deliveries/kick?status=completed", D.auth)
+        assert.equal(400, st)
+        -- the stats cache is dropped by an action: the counts are current at once
+        local _, _, s = call("GET", "/api/stats")
+        assert.equal(0, s.deliveries.buried)
+      end)
+    end)
+
+    it("keeps answering while 256 handlers run", function()
+      local store = S.open(entry, { migrate = true })
+      local items = {}
+      for i = 1, 256 do items[i] = { "slow", { i = i } } end
+      store:enqueue_many(items)
+      local release = false
+      D.with_server(store, nil, function(_, call)
+        local d = H.dispatcher(store, { concurrency = 256, lease_duration = 60 })
+        d:handle("slow", function() while not release do relaybus.sleep(0.05) end end)
+        d:start()
+        local text
+        assert.truthy(H.poll(function()
+          local st, body = call("GET", "/metrics")
+          text = body
+          return st == 200 and metric(body, "relaybus_runs_active") == 256
+        end, 60), "256 runs active")
+        for _ = 1, 5 do
+          local st, _, j = call("GET", "/api/deliveries?status=processing&limit=500")
+          assert.equal(200, st)
+          assert.equal(256, #j.deliveries)
+          assert.equal(200, (call("GET", "/")))
+        end
+        release = true
+        assert.truthy(H.poll(function() return store:stats().completed == 256 end, 60))
+        d:stop { timeout = 5 }
+        assert.truthy(metric(text, "relaybus_claims_total") >= 256)
+      end)
+    end)
+
+    it("refuses bad ids, bad limits, bodies, wrong methods and a foreign Host", function()
+      local store = S.open(entry, { migrate = true })
+      D.fill(store)
+      D.with_server(store, { token = D.TOKEN }, function(srv, call)
+        for _, p in ipairs { "/api/deliveries/abc'def", "/api/deliveries/" .. string.rep("9", 65),
+                             "/api/deliveries/%00", "/api/deliveries/a%20b", "/api/deliveries/..%2F..",
+                             "/api/deliveries/1%FF" } do
+          local st, _, j = call("GET", p)
+          assert.equal(400, st, p)
+          assert.equal("bad delivery id", j.error)
+        end
+        for _, q in ipairs { "limit=0", "limit=501", "limit=100000000000000000000", "limit=-1",
+                             "limit=abc", "limit=1.5", "status=bogus", "after=x'y",
+                             "topic=" .. string.rep("t", 2000) } do
+          local st = call("GET", "/api/deliveries?" .. q)
+          assert.equal(400, st, q)
+        end
+        local _, _, all = call("GET", "/api/deliveries?limit=500")
+        local oldest = all.deliveries[#all.deliveries].id
+        local st, _, j = call("GET", "/api/deliveries?after=" .. oldest)
+        assert.equal(200, st, "nothing is older than the oldest: an empty page")
+        assert.equal(0, #j.deliveries)
+        assert.equal(404, (call("GET", "/nope")))
+        assert.equal(404, (call("POST", "/api/deliveries/1/explode", D.auth)))
+        assert.equal(405, (call("PUT", "/api/deliveries/1", D.auth)))
+        assert.equal(405, (call("POST", "/metrics")))
+        assert.equal(405, (call("GET", "/api/deliveries/1/kick")))
+        assert.equal(413, (call("POST", "/api/deliveries/1/kick", D.auth, string.rep("x", 100000))))
+        assert.equal(421, (call("GET", "/api/stats", { Host = "rebind.example:" .. srv:port() })))
+        -- a non-UTF-8 topic, where the store takes one, comes back as valid JSON
+        local ok, id = pcall(store.enqueue, store, "bad\255topic", {})
+        if ok and id then
+          local s2, body, t = call("GET", "/api/deliveries/" .. id)
+          assert.equal(200, s2)
+          assert.truthy(t, "valid JSON: " .. body)
+          assert.equal("bad\239\191\189topic", t.topic)
+          local _, mtext = call("GET", "/metrics")
+          assert.matches("rc=0", promtool(mtext), 1, true)
+        end
+      end)
+    end)
+
+    it("is not stalled by slow clients", function()
+      local ok_socket, socket = pcall(require, "socket")
+      if not ok_socket and not ci then pending("luasocket missing (lua-socket)") return end
+      assert.truthy(ok_socket, "luasocket (lua-socket) missing: run scripts/install-deps.sh")
+      local store = S.open(entry, { migrate = true })
+      D.fill(store)
+      D.with_server(store, nil, function(srv, call)
+        local held = {}
+        for i = 1, 20 do
+          local c = assert(socket.tcp())
+          c:settimeout(2)
+          assert(c:connect("127.0.0.1", srv:port()))
+          c:settimeout(0)
+          -- half a request line, then nothing; and one that asks for a page and never reads
+          if i % 2 == 0 then c:send("GET /api/deli")
+          else c:send("GET /api/deliveries?limit=500 HTTP/1.1\r\nHost: 127.0.0.1:" .. srv:port() .. "\r\n\r\n") end
+          held[i] = c
+        end
+        for _ = 1, 5 do
+          local st = call("GET", "/api/stats")
+          assert.equal(200, st)
+        end
+        -- headers past the memory limit are refused, the server goes on
+        local st = call("GET", "/api/stats", { ["X-Big"] = string.rep("a", 40000) })
+        assert.truthy(st >= 400, "oversized headers refused, got " .. tostring(st))
+        assert.equal(200, (call("GET", "/api/stats")))
+        for _, c in ipairs(held) do c:close() end
+      end)
+    end)
+
+    it("serves the page with a strict CSP and script that never uses innerHTML", function()
+      local store = S.open(entry, { migrate = true })
+      D.with_server(store, nil, function(_, call)
+        local st, html, _, hd = call("GET", "/")
+        assert.equal(200, st)
+        assert.matches("text/html", hd["content-type"])
+        assert.matches("default-src 'none'", hd["content-security-policy"], 1, true)
+        assert.matches("<script src=\"/app.js\"", html, 1, true)
+        assert.falsy(html:match("https?://"), "nothing fetched from elsewhere")
+        local _, js = call("GET", "/app.js")
+        assert.falsy(js:match("%.innerHTML") or js:match("outerHTML") or js:match("insertAdjacentHTML"))
+        assert.falsy(js:match("https?://"))
+        local _, css = call("GET", "/app.css")
+        assert.falsy(css:match("url%("))
+      end)
+    end)
+  end)
+end
+
+describe("relaybus.serve", function()
+  after_each(function() S.reset() end)
+
+  it("refuses bad options", function()
+    local store = S.open(S.list()[1], { migrate = true })
+    H.raises_relaybus(function() relaybus.serve {} end)
+    H.raises_relaybus(function() relaybus.serve { store = store, listen = 5 } end)
+    H.raises_relaybus(function() relaybus.serve { store = store, bogus = 1 } end)
+    H.raises_relaybus(function() relaybus.serve { store = store, token = "short" } end)
+    for _, l in ipairs { "nohost", "127.0.0.1:", "127.0.0.1:99999", "256.1.1.1:80", ":80" } do
+      local srv, err = relaybus.serve { store = store, listen = l }
+      assert.is_nil(srv, l)
+      assert.matches("^dashboard: ", err)
+    end
+  end)
+
+  it("says so when the port is taken", function()
+    local store = S.open(S.list()[1], { migrate = true })
+    D.with_server(store, nil, function(srv)
+      local other, err = relaybus.serve { store = store, listen = "127.0.0.1:" .. srv:port() }
+      assert.is_nil(other)
+      assert.matches("cannot listen", err)
+    end)
+  end)
+end)
+
+describe("relaybus dashboard", function()
+  after_each(function() S.reset() end)
+
+  it("prints its URL, serves, and stops on SIGTERM and SIGINT", function()
+    local url = "sqlite:" .. S.tmpfile("cli") .. ".db"
+    local store = relaybus.open(url, { migrate = true })
+    store:enqueue("cli", {})
+    store:close()
+    for _, sig in ipairs { "TERM", "INT" } do
+      local p = S.spawn(nil, nil, { argv = { S.bin, "dashboard", "--listen", "127.0.0.1:0", url },
+                                    env = { RELAYBUS_DASHBOARD_TOKEN = D.TOKEN } })
+      assert.truthy(S.wait_for(function() return (S.read(p.out) or ""):match("http://%S+") end, 20),
+                    "no URL printed: " .. tostring(S.read(p.err)))
+      local base = S.read(p.out):match("(http://%S+)/")
+      local c = io.popen(S.foreign("curl -m 30 -s -X POST -H 'Authorization: Bearer " .. D.TOKEN .. "' " ..
+                                   base .. "/api/deliveries/kick?status=buried"))
+      local body = c:read("a")
+      c:close()
+      assert.equal('{"ok":true,"count":0}', body)
+      S.signal(p, sig)
+      assert.truthy(S.wait_for(function() return S.rc(p) end, 20), "did not stop on SIG" .. sig)
+      assert.equal(0, S.rc(p))
+    end
+  end)
+
+  it("stats --topics counts per topic", function()
+    local url = "sqlite:" .. S.tmpfile("cli") .. ".db"
+    local store = relaybus.open(url, { migrate = true })
+    store:enqueue("a", {}); store:enqueue("a", {}); store:enqueue(D.XSS, {})
+    store:close()
+    local f = io.popen(S.quote(S.bin) .. " stats --topics --json --store " .. S.quote(url))
+    local rows = relaybus.json.decode(f:read("a"))
+    f:close()
+    assert.same({ { topic = D.XSS, pending = 1, processing = 0, completed = 0, buried = 0 },
+                  { topic = "a", pending = 2, processing = 0, completed = 0, buried = 0 } }, rows)
+    f = io.popen(S.quote(S.bin) .. " stats --topics --store " .. S.quote(url))
+    local text = f:read("a")
+    f:close()
+    assert.matches("TOPIC%s+PENDING%s+PROCESSING%s+COMPLETED%s+BURIED", text)
+    assert.matches("\na%s+2%s+0%s+0%s+0", text)
+  end)
+
+  it("refuses bad arguments", function()
+    for _, a in ipairs { { "dashboard", "--listen", "nope" }, { "dashboard", "--token", "short" },
+                         { "dashboard", "a", "b" } } do
+      local cmd = S.quote(S.bin)
+      for _, x in ipairs(a) do cmd = cmd .. " " .. S.quote(x) end
+      local ok, _, code = os.execute(cmd .. " >/dev/null 2>&1")
+      assert.falsy(ok)
+      assert.equal(2, code)
+    end
+  end)
+end)

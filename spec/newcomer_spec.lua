@@ -1,0 +1,123 @@
+-- newcomer_spec.lua -- the documentation's programs run as written. The spec extracts the code
+-- blocks marked `<!-- file: NAME -->` from README.md and docs/*.md and runs them the way the text
+-- says, with only the addresses replaced (the test's own PostgreSQL, a local receiver) and
+-- `relaybus` found on PATH: a doc change that breaks an example fails here.
+local S = require "spec.support.stores"
+
+local ROOT = os.getenv("PWD") or "."
+local BUILD = S.build
+
+-- Every `<!-- file: NAME -->` block of the docs, by name.
+local function doc_files()
+  local files = {}
+  local docs = { ROOT .. "/README.md" }
+  local p = io.popen("ls " .. S.quote(ROOT .. "/docs") .. "/*.md 2>/dev/null")
+  for line in p:lines() do docs[#docs + 1] = line end
+  p:close()
+  for _, path in ipairs(docs) do
+    local text = assert(S.read(path))
+    for name, body in text:gmatch("<!%-%- file: (%S+) %-%->%s*```%w*\n(.-)\n```") do
+      assert(not files[name], name .. " appears twice in the docs")
+      files[name] = body .. "\n"
+    end
+  end
+  return files
+end
+
+local files = doc_files()
+
+local function sh(script, env, cwd)
+  local path = S.tmpfile("block") .. ".sh"
+  local lines = { "set -e", "cd " .. S.quote(cwd or S.tmpdir()),
+                  "export PATH=" .. S.quote(BUILD) .. ":$PATH" }
+  for k, v in pairs(env or {}) do lines[#lines + 1] = "export " .. k .. "=" .. S.quote(v) end
+  lines[#lines + 1] = script
+  S.write(path, table.concat(lines, "\n") .. "\n")
+  return S.run_command({ "timeout", "60", "sh", path })
+end
+
+describe("the first hour (docs/first-hour.md, run as written)", function()
+  local receiver
+  setup(function()
+    local bin = BUILD .. "/http_receiver"
+    assert(S.exists(bin), "build/http_receiver is missing (make examples)")
+    -- kept open for the whole spec: the receiver lives as long as its pipe
+    local p = assert(io.popen("exec " .. S.quote(bin) .. " -"))
+    local port, pid = (p:read("l") or ""):match("^(%d+) (%d+)$")
+    assert(port, "the receiver printed no port")
+    receiver = { url = "http://127.0.0.1:" .. port, pid = pid, proc = p }
+  end)
+  teardown(function()
+    if receiver then
+      os.execute("kill " .. receiver.pid)
+      receiver.proc:close()
+    end
+    S.cleanup()
+  end)
+
+  it("the docs hold every program this spec runs", function()
+    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "embed.sh" } do
+      assert.is_string(files[name], name .. " is not in the docs")
+    end
+  end)
+
+  it("the PostgreSQL outbox delivers through the webhook, buries a refused one, and a kick brings it back", function()
+    local pg = assert(os.getenv("RELAYBUS_TEST_PG"), "RELAYBUS_TEST_PG is not set")
+    local dir = S.tmpdir() .. "/" .. S.unique("outbox")
+    os.execute("mkdir -p " .. S.quote(dir))
+    S.write(dir .. "/outbox.lua", files["outbox.lua"])
+    -- a fresh database of our own, so the block's table and the default table start empty
+    local db = S.unique("app"):lower()
+    local crc, _, cerr = S.run_command({ "psql", "-q", pg, "-c", "CREATE DATABASE " .. db })
+    assert.equal(0, crc, cerr)
+    local url = pg:gsub("/[^/]*$", "/" .. db)
+    local function run_outbox(hook)
+      local script = files["outbox.sh"]:gsub("postgresql://localhost/app", url)
+        :gsub("http://127%.0%.0%.1:8080/hooks", hook)
+      return sh(script, nil, dir)
+    end
+    -- a receiver whose route is missing: buried
+    local rc, out, err = run_outbox(receiver.url .. "/status/404")
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("order.created%s+%S+%s+buried%s+HTTP 404"), out)
+    rc, out, err = sh(files["kick.sh"], { RELAYBUS_STORE = url }, dir)
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("buried"), out)
+    assert.truthy(out:match("\n1\n$"), "kick did not report one delivery: " .. out)
+    -- fixed: the next run delivers it (the transaction adds no second order: ON CONFLICT)
+    rc, out, err = run_outbox(receiver.url .. "/count")
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("order.created%s+%S+%s+completed"), out)
+    local store = assert(S.relaybus().open(url))
+    local st = assert(store:stats())
+    assert.equal(0, st.buried)
+    assert.equal(0, st.pending + st.processing)
+    store:close()
+  end)
+
+  it("the transactional handler on SQLite credits each payment once", function()
+    local dir = S.tmpdir() .. "/" .. S.unique("credits")
+    os.execute("mkdir -p " .. S.quote(dir))
+    S.write(dir .. "/credits.lua", files["credits.lua"])
+    local rc, out, err = sh("relaybus run credits.lua", nil, dir)
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("payment%s+%S+%s+completed"), out)
+    assert.truthy(out:find("ada has%s+1500"), out)
+    rc, out, err = sh("relaybus run credits.lua", nil, dir)
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("ada has%s+3000"), out)
+  end)
+
+  it("the embedding commands build and run a host, shared and static, from a fresh prefix", function()
+    local home = S.tmpdir() .. "/" .. S.unique("home")
+    os.execute("mkdir -p " .. S.quote(home))
+    -- the block builds and runs in the checkout, as a reader would; what it leaves goes after
+    local rc, out, err = sh(files["embed.sh"], { HOME = home }, ROOT)
+    for _, f in ipairs { "embed_host", "embed_host_static", "demo.db", "demo.db-wal", "demo.db-shm" } do
+      os.remove(ROOT .. "/" .. f)
+    end
+    assert.equal(0, rc, out .. err)
+    local _, n = out:gsub("deliveries done: 100 of 100", "")
+    assert.equal(2, n, out)
+  end)
+end)

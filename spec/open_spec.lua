@@ -1,0 +1,186 @@
+-- open_spec.lua -- opening a store: the SQLite file is private (0600, and so its -wal and -shm),
+-- an open without migrate creates nothing anywhere (no file, table or collection) and says
+-- to run relaybus migrate, open errors carry no secret of the URL, and the URL forms
+-- (sqlite:PATH only, postgres:// and postgresql://). Also the redaction helpers themselves.
+local S = require "spec.support.stores"
+local H = require "spec.support.harness"
+local relaybus = S.relaybus()
+
+local q = S.quote
+
+local function mode(path)
+  local p = assert(io.popen("stat -c %a " .. q(path) .. " 2>/dev/null"))
+  local m = p:read("l")
+  p:close()
+  return m
+end
+
+-- Runs a Lua script with `relaybus run SCRIPT ARGS...` under umask 022; returns exit code,
+-- stdout, stderr.
+local function run_script(src, args)
+  local script = S.tmpfile("script") .. ".lua"
+  S.write(script, src)
+  local base = S.tmpfile("out")
+  local line = "cd " .. q(S.tmpdir()) .. " && umask 022 && " .. q(S.bin) .. " run " .. q(script)
+  for _, a in ipairs(args or {}) do line = line .. " " .. q(a) end
+  local _, _, code = os.execute(line .. " >" .. q(base .. ".out") .. " 2>" .. q(base .. ".err") .. " </dev/null")
+  return code, S.read(base .. ".out") or "", S.read(base .. ".err") or ""
+end
+
+describe("opening a store", function()
+  teardown(function() S.cleanup() end)
+
+  describe("SQLite file permissions", function()
+    it("makes a new database file 0600 under umask 022, and its -wal and -shm too", function()
+      local path = S.tmpfile("private") .. ".db"
+      -- the modes are read while the store is open: SQLite removes -wal and -shm on close
+      local code, out, err = run_script([[
+        local relaybus = require "relaybus"
+        local store = assert(relaybus.open("sqlite:" .. arg[1]))
+        assert(store:enqueue("t", {}))
+        for _, suffix in ipairs { "", "-wal", "-shm" } do
+          local p = io.popen("stat -c %a '" .. arg[1] .. suffix .. "'")
+          io.write(suffix, "=", p:read("l"), "\n")
+          p:close()
+        end
+        store:close()
+      ]], { path })
+      assert.equal(0, code, err)
+      assert.equal("=600\n-wal=600\n-shm=600\n", out)
+    end)
+
+    it("relaybus migrate makes it 0600 too; an existing file keeps its mode", function()
+      local path = S.tmpfile("cmd") .. ".db"
+      local _, _, code = os.execute("umask 022; " .. q(S.bin) .. " migrate --store " .. q("sqlite:" .. path)
+        .. " >/dev/null 2>&1")
+      assert.equal(0, code)
+      assert.equal("600", mode(path))
+      local shared = S.tmpfile("shared") .. ".db"
+      S.write(shared, "")
+      os.execute("chmod 640 " .. q(shared))
+      local store = assert(relaybus.open("sqlite:" .. shared))
+      assert(store:enqueue("t", {}))
+      store:close()
+      assert.equal("640", mode(shared))
+    end)
+
+    it("a failed open leaves a file it did not make", function()
+      local path = S.tmpfile("failed") .. ".db"
+      local store = assert(relaybus.open("sqlite:" .. path))
+      assert(store:transaction(function(tx)
+        return tx:exec("UPDATE relaybus_schema SET version = 99")
+      end))
+      store:close()
+      local s, err = relaybus.open("sqlite:" .. path)
+      assert.is_nil(s)
+      H.one_line(err)
+      assert.is_true(S.exists(path), "a file it did not make was removed")
+    end)
+  end)
+
+  describe("without migrate", function()
+    it("SQLite: a missing file is not made; the error names relaybus migrate", function()
+      local path = S.tmpfile("none") .. ".db"
+      local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
+      assert.is_nil(s)
+      H.one_line(err)
+      assert.truthy(err:find("no relaybus schema here (run relaybus migrate)", 1, true), err)
+      assert.is_false(S.exists(path))
+      -- :memory: is always empty
+      s, err = relaybus.open("sqlite::memory:", { migrate = false })
+      assert.is_nil(s)
+      assert.truthy(err:find("relaybus migrate", 1, true), err)
+    end)
+
+    it("SQLite: a store that was migrated opens, with the default migrate = true", function()
+      local url = "sqlite:" .. S.tmpfile("yes") .. ".db"
+      local store = assert(relaybus.open(url))
+      store:close()
+      store = assert(relaybus.open(url, { migrate = false }))
+      assert.equal(0, assert(store:stats()).pending)
+      store:close()
+    end)
+
+    for _, entry in ipairs(S.list()) do
+      if entry.server then
+        it(entry.name .. ": a table that does not exist fails and is not created", function()
+          local url = entry.url()
+          local t = S.unique("absent")
+          local s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          H.one_line(err)
+          assert.truthy(err:find("no relaybus schema here (run relaybus migrate)", 1, true), err)
+          -- still not there: a second look says the same
+          s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("no relaybus schema here", 1, true), err)
+          -- and after a migrating open it is
+          local store = assert(relaybus.open(url, { table = t }))
+          store:close()
+          store = assert(relaybus.open(url, { table = t, migrate = false }))
+          store:close()
+        end)
+      end
+    end
+  end)
+
+  describe("errors carry no secret of the URL", function()
+    it("for PostgreSQL and MongoDB URLs the drivers refuse or cannot reach", function()
+      for _, url in ipairs {
+        "postgresql://u:SECRETPW@127.0.0.1:1/x?connect_timeout=2",
+        "postgresql://u:SEC%zzRETPW@127.0.0.1:1/x",
+        "postgresql://u:SECRETPW/SECRETPX@127.0.0.1:1/x",
+        "postgresql://u:SECRETPW@127.0.0.1:notaport/x",
+        "postgres://127.0.0.1:1/x?password=SECRETPW&connect_timeout=2",
+        "mongodb://u:SECRETPW@127.0.0.1:1/x?serverSelectionTimeoutMS=300&connectTimeoutMS=300",
+        "mongodb://u:SEC%zzRETPW@127.0.0.1:1/x",
+        "mongodb://u:SECRETPW/SECRETPX@127.0.0.1:1/x",
+        "nosuch://u:SECRETPW@h/x",
+        "sqlite://u:SECRETPW@h/x",
+      } do
+        for _, migrate in ipairs { true, false } do
+          local s, err = relaybus.open(url, { migrate = migrate })
+          assert.is_nil(s, url)
+          H.one_line(err, url)
+          for _, secret in ipairs { "SECRETPW", "SECRETPX", "zzRETPW" } do
+            assert.is_nil(err:find(secret, 1, true), url .. ": " .. err)
+          end
+        end
+      end
+    end)
+
+    it("relaybus._redact_url and relaybus._redact_secrets hide passwords and secret parameters", function()
+      local r, s = relaybus._redact_url, relaybus._redact_secrets
+      assert.equal("postgresql://u:***@h:5432/db", r("postgresql://u:pw123@h:5432/db"))
+      assert.equal("postgresql://u:***@h/db", r("postgresql://u:a/b+c=@h/db"))
+      assert.equal("mongodb://h/db?authSource=admin&password=***", r("mongodb://h/db?authSource=admin&password=x"))
+      assert.equal("host=h password=*** user=u", r("host=h password=p user=u"))
+      assert.equal("sqlite:app.db", r("sqlite:app.db"))
+      assert.equal("postgresql://u@h/db", r("postgresql://u@h/db"))
+      assert.equal('bad "***" and ***', s('bad "SEC%52ET" and SECRET', "postgresql://u:SEC%52ET@h"))
+      -- libpq reads u:xyz/abcd/efg@h as host u, port xyz, and quotes such pieces back
+      assert.equal("invalid port ***/***", s("invalid port abcd/efg", "postgresql://u:xyz/abcd/efg@h"))
+      assert.equal("a\0***", s("a\0p@ss", "mongodb://u:p%40ss@h"))
+    end)
+  end)
+
+  describe("URL forms", function()
+    it("refuses sqlite://PATH, suggesting sqlite:PATH, and makes nothing", function()
+      local name = S.unique("slashes") .. ".db"
+      local s, err = relaybus.open("sqlite://" .. name)
+      assert.is_nil(s)
+      H.one_line(err)
+      assert.truthy(err:find("sqlite:" .. name, 1, true), err)
+      assert.is_false(S.exists(name))
+      assert.is_false(S.exists("/" .. name))
+    end)
+
+    it("opens postgres:// like postgresql://", function()
+      local pg = os.getenv("RELAYBUS_TEST_PG")
+      if not pg then pending("RELAYBUS_TEST_PG is not set") return end
+      local store = assert(relaybus.open((pg:gsub("^postgresql://", "postgres://")), { table = S.unique("pgs") }))
+      assert.equal(0, assert(store:stats()).pending)
+      store:close()
+    end)
+  end)
+end)

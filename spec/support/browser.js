@@ -1,0 +1,75 @@
+// browser.js URL TOKEN OUTDIR -- drives the dashboard in headless Chromium (playwright-core,
+// Debian's /usr/bin/chromium): the counts show, an XSS topic stays text, filter to buried,
+// open one, kick it with the token, see it pending. Screenshots go to OUTDIR. Prints one JSON
+// line with what it saw; exits non-zero on any failure.
+'use strict';
+const { chromium } = require('playwright-core');
+const [url, token, outdir] = process.argv.slice(2);
+const result = { steps: [] };
+(async () => {
+  const browser = await chromium.launch({
+    executablePath: process.env.RELAYBUS_CHROMIUM || '/usr/bin/chromium',
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+  });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+    const dialogs = [];
+    page.on('dialog', (d) => { dialogs.push(d.message()); d.dismiss(); });
+    const external = [];
+    page.on('request', (r) => { if (!r.url().startsWith(url)) external.push(r.url()); });
+    const errors = [];
+    page.on('pageerror', (e) => errors.push(String(e)));
+    await page.goto(url);
+    await page.waitForFunction(() => document.getElementById('n-buried').textContent.trim() === '3');
+    await page.waitForFunction(() => document.querySelectorAll('#rows tr').length > 0);
+    await page.waitForFunction(() => document.getElementById('n-processing').textContent.trim() === '1');
+    result.counts = await page.evaluate(() => ['pending', 'processing', 'completed', 'buried']
+      .map((k) => [k, document.getElementById('n-' + k).textContent]));
+    result.xss_text = await page.evaluate(() => Array.from(document.querySelectorAll('#topics td'))
+      .some((td) => td.textContent === '<img src=x onerror=alert(1)>'));
+    result.images = await page.evaluate(() => document.querySelectorAll('img').length);
+    await page.waitForTimeout(2500);         // a few refreshes for the chart
+    await page.screenshot({ path: outdir + '/dashboard.png', fullPage: true });
+    result.steps.push('overview');
+
+    await page.selectOption('#filter-status', 'buried');
+    await page.click('#apply');
+    await page.waitForFunction(() => {
+      const rows = Array.from(document.querySelectorAll('#rows tr'));
+      return rows.length === 3 && rows.every((r) => r.children[2].textContent === 'buried');
+    });
+    result.steps.push('filtered');
+    const id = await page.getAttribute('#rows tr:first-child', 'data-id');
+    result.id = id;
+    await page.click('#rows tr:first-child');
+    await page.waitForFunction(() => { const s = document.getElementById('detail-status'); return s && s.textContent === 'buried'; });
+    result.payload = await page.textContent('#detail-payload');
+    result.last_error = await page.evaluate(() => {
+      const dts = Array.from(document.querySelectorAll('#detail-fields dt'));
+      const i = dts.findIndex((d) => d.textContent === 'last error');
+      return i >= 0 ? dts[i].nextElementSibling.textContent : null;
+    });
+    await page.screenshot({ path: outdir + '/dashboard-detail.png', fullPage: true });
+    result.steps.push('opened');
+
+    // without the token the kick is refused and says so
+    await page.click('#btn-kick');
+    await page.waitForFunction(() => document.getElementById('action-result').className === 'err');
+    result.without_token = await page.textContent('#action-result');
+    await page.fill('#token', token);
+    await page.dispatchEvent('#token', 'change');
+    await page.click('#btn-kick');
+    await page.waitForFunction(() => document.getElementById('action-result').className !== '');
+    result.with_token = await page.textContent('#action-result');
+    await page.waitForFunction(() => document.getElementById('detail-status').textContent === 'pending');
+    result.after_kick = await page.textContent('#detail-status');
+    await page.screenshot({ path: outdir + '/dashboard-kicked.png', fullPage: true });
+    result.steps.push('kicked');
+    result.dialogs = dialogs;
+    result.external = external;
+    result.errors = errors;
+    console.log(JSON.stringify(result));
+  } finally {
+    await browser.close();
+  }
+})().catch((e) => { console.log(JSON.stringify(Object.assign(result, { failure: String(e) }))); process.exit(1); });

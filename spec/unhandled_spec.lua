@@ -1,0 +1,52 @@
+-- unhandled_spec.lua -- deliveries of a topic no dispatcher of the process handles do not wait
+-- in silence: a moment after the first dispatcher on a store starts, each such topic with
+-- pending deliveries is named once in a warning (a typo in d:handle, a worker not running).
+-- Run per store, through the command (the warning goes to its stderr).
+local S = require "spec.support.stores"
+
+local SCRIPT = [[
+  local relaybus = require "relaybus"
+  local url, tbl = ...
+  local store = assert(relaybus.open(url, tbl ~= "-" and { table = tbl } or nil))
+  for i = 1, 3 do assert(store:enqueue("orders.creatd", { i = i })) end
+  assert(store:enqueue("orders.created", { i = 0 }))
+  assert(store:enqueue("mail.send", { i = 0 }, { delay = 3600 }))
+  -- a topic that is not UTF-8 where the store keeps one (SQLite), else its valid twin
+  if not store:enqueue("bad\255topic\nsecond line", { i = 0 }) then
+    assert(store:enqueue("bad\u{FFFD}topic\nsecond line", { i = 0 }))
+  end
+  local d = relaybus.dispatcher(store, { poll_interval = 0.2 })
+  d:handle("orders.created", function() end)
+  local e = relaybus.dispatcher(store, { poll_interval = 0.2 })
+  e:handle("mail.later", function() end)
+  d:start()
+  e:start()
+  relaybus.spawn(function() relaybus.sleep(3.5); d:stop(); e:stop() end)
+  relaybus.run()
+]]
+
+for _, entry in ipairs(S.list()) do
+  describe("unhandled topics on " .. entry.name .. ":", function()
+    local url, opts
+    before_each(function() _, url, opts = S.open(entry) end)
+    after_each(S.reset)
+    teardown(function() S.cleanup() end)
+
+    it("each topic with pending deliveries that no dispatcher here handles is named once", function()
+      local script = S.tmpfile("unhandled") .. ".lua"
+      S.write(script, SCRIPT)
+      local code, _, err = S.run_command { S.bin, "run", script, url, opts.table or "-" }
+      assert.equal(0, code, err)
+      local _, n = err:gsub('3 deliveries of topic "orders.creatd" are pending and no dispatcher', "")
+      assert.equal(1, n, err)
+      -- handled topics, and topics with nothing pending (a delayed delivery is pending, but
+      -- counts: it will be due), are told apart
+      assert.is_nil(err:find('"orders.created"', 1, true), err)
+      local _, m = err:gsub('1 deliveries of topic "mail.send" are pending', "")
+      assert.equal(1, m, err)
+      -- a topic that is not UTF-8 and holds a newline is named on one line of valid UTF-8
+      assert.is_not_nil(utf8.len(err), "stderr is not UTF-8")
+      assert.truthy(err:find('1 deliveries of topic "bad\u{FFFD}topic second line" are pending', 1, true), err)
+    end)
+  end)
+end
