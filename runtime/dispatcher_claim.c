@@ -198,7 +198,8 @@ static int claim_lane(rb_dispatcher *d, size_t k)
     c->next = d->claims;
     d->claims = c;
     rb_claim_req req = {ln->topics, ln->ntopics, free_slots, d->opt.lease_duration};
-    d->store->vt->claim(d->store, &req, on_claimed, c);
+    if (!disp_claim_carrying(d, &req, on_claimed, c))
+        d->store->vt->claim(d->store, &req, on_claimed, c);
     return 1;
 }
 

@@ -136,6 +136,8 @@ struct rb_dispatcher {
     rb_run *runs;               /* list of unsettled runs */
     RB_FIFO(settle_req) queue;  /* settle writes waiting for the flush */
     size_t queued;
+    settle_req **carry;         /* during a flush: the batch for the next claim to carry */
+    size_t ncarry;
     ev_prepare flush_watcher;   /* flushes settle writes and pending claims each iteration */
     rb_idle spin_watcher;       /* keeps the loop from blocking while work is queued */
     rb_timer poll_timer;
@@ -203,6 +205,9 @@ void disp_settle_enqueue(rb_dispatcher *d, settle_req *r);
 void disp_request_flush(rb_dispatcher *d);
 void disp_on_flush(struct ev_loop *loop, ev_prepare *w, int revents);
 void disp_on_spin(struct ev_loop *loop, ev_idle *w, int revents);
+/* Sends the claim req with the settle batch this flush set aside, when there is one and the
+ * store takes both at once (claim_settle); 0 when the caller must send the claim itself. */
+int disp_claim_carrying(rb_dispatcher *d, const rb_claim_req *req, rb_records_cb cb, void *ud);
 
 #pragma GCC visibility pop
 #endif

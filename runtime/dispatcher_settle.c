@@ -90,8 +90,10 @@ static int withdrawn(settle_req *r)
     return 1;
 }
 
-/* Sends the settle writes in reqs[0..n) as one store call (owns reqs). */
-static void send_batch(rb_dispatcher *d, settle_req **reqs, size_t n)
+/* Sends the settle writes in reqs[0..n) as one store call (owns reqs); with claim non-NULL,
+ * as the store call that also makes that claim. */
+static void send_batch(rb_dispatcher *d, settle_req **reqs, size_t n, const rb_claim_req *claim,
+                       rb_records_cb claim_cb, void *claim_ud)
 {
     settle_batch *b = rb_calloc(1, sizeof *b);
     rb_settle_op *ops = rb_malloc(n * sizeof *ops);
@@ -108,15 +110,30 @@ static void send_batch(rb_dispatcher *d, settle_req **reqs, size_t n)
             disp_run_release_ref(run);
         }
         free(reqs);
+        if (claim) d->store->vt->claim(d->store, claim, claim_cb, claim_ud);
         return;
     }
     for (size_t i = 0; i < n; i++) ops[i] = reqs[i]->op;
     *b = (settle_batch){d, n, reqs, ops};
-    d->store->vt->settle(d->store, ops, n, on_batch_settled, b);
+    if (claim)
+        d->store->vt->claim_settle(d->store, claim, claim_cb, claim_ud, ops, n, on_batch_settled, b);
+    else
+        d->store->vt->settle(d->store, ops, n, on_batch_settled, b);
+}
+
+int disp_claim_carrying(rb_dispatcher *d, const rb_claim_req *req, rb_records_cb cb, void *ud)
+{
+    if (!d->carry) return 0;
+    settle_req **reqs = d->carry;
+    d->carry = NULL;
+    send_batch(d, reqs, d->ncarry, req, cb, ud);
+    return 1;
 }
 
 /* The writes queued this iteration go out as one store call; a write that was in a batch the
- * store refused goes alone, so one write the store cannot take fails only itself. */
+ * store refused goes alone, so one write the store cannot take fails only itself. When a claim
+ * is to follow and the store can take both in one round trip, the batch waits in d->carry
+ * for that claim (disp_on_flush sends it alone if no claim takes it). */
 static void flush_settles(rb_dispatcher *d)
 {
     if (!d->queued) return;
@@ -132,13 +149,18 @@ static void flush_settles(rb_dispatcher *d)
         settle_req **one = r->solo ? rb_malloc(sizeof *one) : NULL;
         if (one) {
             one[0] = r;
-            send_batch(d, one, 1);
+            send_batch(d, one, 1, NULL, NULL, NULL);
         } else {
             all[k++] = r;   /* (a solo write whose array could not be made joins the batch) */
         }
     }
-    if (k) send_batch(d, all, k);
-    else free(all);
+    if (!k) { free(all); return; }
+    if (d->want_claim && d->store->vt->claim_settle && d->started && !d->stopping) {
+        d->carry = all;
+        d->ncarry = k;
+    } else {
+        send_batch(d, all, k, NULL, NULL, NULL);
+    }
 }
 
 void disp_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
@@ -150,6 +172,11 @@ void disp_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
     if (d->want_claim) {
         d->want_claim = 0;
         disp_maybe_claim(d);
+    }
+    if (d->carry) {     /* no claim went out to carry it */
+        settle_req **reqs = d->carry;
+        d->carry = NULL;
+        send_batch(d, reqs, d->ncarry, NULL, NULL, NULL);
     }
     d->flushing = 0;
     /* Work queued by the callbacks above is flushed next iteration, without blocking. */

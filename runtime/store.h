@@ -156,6 +156,11 @@ typedef struct rb_store_vtable {
     /* Applies n fenced writes, ideally in one round trip; fills each op's results. ops (and
      * the strings they point at) must stay valid until cb: the results are written into them. */
     void (*settle)(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud);
+    /* Optional (may be NULL): settle(ops, n) and then claim(req) in one round trip (PostgreSQL:
+     * one statement, so the claim sees the writes: a delivery they release may be claimed
+     * again). settle_cb is called first, then cb; an error of the statement fails both. */
+    void (*claim_settle)(rb_store *s, const rb_claim_req *req, rb_records_cb cb, void *ud,
+                         rb_settle_op *ops, size_t n, rb_done_cb settle_cb, void *settle_ud);
 
     void (*get)(rb_store *s, const char *id, rb_records_cb cb, void *ud);
     void (*list)(rb_store *s, const rb_list_req *req, rb_records_cb cb, void *ud);

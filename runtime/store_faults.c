@@ -721,6 +721,15 @@ static void fw_settle(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, v
     if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->settle(fs->inner, ops, n, on_done, ID));
 }
 
+/* Split in its two calls, each with its own fault: the dispatcher's path that hands a claim
+ * the settles to carry runs under faults, while the inner store answers them apart. */
+static void fw_claim_settle(rb_store *s, const rb_claim_req *req, rb_records_cb cb, void *ud,
+                            rb_settle_op *ops, size_t n, rb_done_cb settle_cb, void *settle_ud)
+{
+    fw_settle(s, ops, n, settle_cb, settle_ud);
+    fw_claim(s, req, cb, ud);
+}
+
 static void fw_get(rb_store *s, const char *id, rb_records_cb cb, void *ud)
 {
     faults_store *fs = FS(s);
@@ -1014,6 +1023,7 @@ rb_store *rb_faults_wrap(rb_store *inner, const rb_faults_options *o, char *err,
         .enqueue = ivt->enqueue ? fw_enqueue : NULL,
         .claim = ivt->claim ? fw_claim : NULL,
         .settle = ivt->settle ? fw_settle : NULL,
+        .claim_settle = ivt->claim_settle ? fw_claim_settle : NULL,
         .get = ivt->get ? fw_get : NULL,
         .list = ivt->list ? fw_list : NULL,
         .stats = ivt->stats ? fw_stats : NULL,

@@ -754,15 +754,15 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
     return d;
 }
 
-/* Calls a records callback with the rows of res (ownership passes). */
-static void deliver_records(pg_op *op, PGresult *res, const char *err)
+/* Calls a records callback with the rows of res from row `first` on (ownership passes). */
+static void deliver_records(pg_op *op, PGresult *res, int first, const char *err)
 {
     if (err) { op->cb.records(op->ud, err, NULL, 0); return; }
-    size_t n = (size_t)PQntuples(res);
+    size_t n = (size_t)(PQntuples(res) - first);
     rb_delivery **recs = n ? rb_calloc(n, sizeof *recs) : NULL;
     if (n && !recs) { op->cb.records(op->ud, "postgresql: out of memory", NULL, 0); return; }
     for (size_t i = 0; i < n; i++) {
-        recs[i] = rb_pg_row_delivery(res, (int)i);
+        recs[i] = rb_pg_row_delivery(res, first + (int)i);
         if (!recs[i]) {
             rb_delivery_list_free(recs, i);
             op->cb.records(op->ud, "postgresql: out of memory", NULL, 0);
@@ -774,7 +774,7 @@ static void deliver_records(pg_op *op, PGresult *res, const char *err)
 
 static void records_done(pg_op *op, PGresult *res, const char *err)
 {
-    deliver_records(op, res, err);
+    deliver_records(op, res, 0, err);
     pg_op_free(op);
 }
 
@@ -876,38 +876,46 @@ static void pg_enqueue(rb_store *bs, const rb_enqueue_item *items, size_t n, rb_
 
 /* ---- claim and settle ------------------------------------------------------------------- */
 
+/* The claim's parameters: $1-$4 of ST_CLAIM (its $5-$9, the settles it carries, stay NULL
+ * unless settle_round fills them). 0 when out of memory. */
+static int claim_params(pg_op *op, const rb_claim_req *req)
+{
+    rb_buf topics = {0};
+    for (size_t i = 0; i < req->ntopics; i++) sb_text(&topics, req->topics[i]);
+    char *arr = sb_array(&topics);
+    if (!arr || !pg_op_alloc_params(op, 9)) { free(arr); return 0; }
+    op->params[0] = arr;
+    /* One token for the whole batch, as on SQLite: the fence is (id, token), and a token
+     * drawn per row cost the server a strong random number per row. */
+    char token[33];
+    rb_random_token(token);
+    op->stmt = ST_CLAIM;
+    return op_param_num(op, 1, (double)req->limit, 1) &&
+           op_param_num(op, 2, req->lease_duration, 0) &&
+           pg_op_param(op, 3, token);
+}
+
 static void pg_claim(rb_store *bs, const rb_claim_req *req, rb_records_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
     if (req->ntopics == 0 || req->limit == 0) { cb(ud, NULL, NULL, 0); return; }
     pg_op *op = pg_op_new(s, records_done, ud);
-    rb_buf topics = {0};
-    for (size_t i = 0; i < req->ntopics; i++) sb_text(&topics, req->topics[i]);
-    char *arr = sb_array(&topics);
-    int ok = op && arr && pg_op_alloc_params(op, 4);
-    if (ok) {
-        op->params[0] = arr;
-        arr = NULL;
-        /* One token for the whole batch, as on SQLite: the fence is (id, token), and a
-         * token drawn per row cost the server a strong random number per row. */
-        char token[33];
-        rb_random_token(token);
-        ok = op_param_num(op, 1, (double)req->limit, 1) &&
-             op_param_num(op, 2, req->lease_duration, 0) &&
-             pg_op_param(op, 3, token);
+    if (!op || !claim_params(op, req)) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", NULL, 0);
+        return;
     }
-    free(arr);
-    if (!ok) { pg_op_free(op); cb(ud, "postgresql: out of memory", NULL, 0); return; }
     op->cb.records = cb;
-    op->stmt = ST_CLAIM;
     op_submit_now(s, op);
 }
 
 /* Prepares the next round of fenced writes: as many ops as can share one UPDATE (no id twice,
- * so each sees the previous one's effect, as if applied in order). 0 when none are left.
+ * so each sees the previous one's effect, as if applied in order), as five arrays in
+ * op->params[first .. first + 5). With first 0 the op becomes an ST_SETTLE of its own; above,
+ * the caller has made room (a claim carrying them). 0 when none are left.
  * Ids already in the round live in a small open-addressing set: a batch holds hundreds of
  * ops, and comparing each with all before it cost more than building the statement. */
-int pg_settle_round(pg_op *op)
+static int settle_round(pg_op *op, int first)
 {
     /* Nothing left (the usual answer after the last round): said without allocating, so a
      * batch whose writes were all applied is never reported as failed. */
@@ -939,25 +947,32 @@ int pg_settle_round(pg_op *op)
     free(seen);
     op->round_end = i;
     op->nmap = k;
-    int ok = k > 0 && pg_op_alloc_params(op, 5);
+    int ok = k > 0 && (first > 0 || pg_op_alloc_params(op, 5));
     for (int j = 0; j < 5; j++) {
         char *text = sb_array(&a[j]);
-        if (ok && text) op->params[j] = text;
+        if (ok && text) op->params[first + j] = text;
         else { free(text); ok = 0; }
     }
-    op->stmt = ST_SETTLE;
+    if (first == 0) op->stmt = ST_SETTLE;
     return k == 0 ? 0 : ok ? 1 : -1;
+}
+
+int pg_settle_round(pg_op *op) { return settle_round(op, 0); }
+
+/* Records the result of the write numbered `ord` (1-based, in the round) of op. */
+static void settle_result(pg_op *op, const char *ord_text, const char *expires_text)
+{
+    long ord = strtol(ord_text, NULL, 10);
+    if (ord < 1 || (size_t)ord > op->nmap) return;
+    rb_settle_op *so = &op->sops[op->map[ord - 1]];
+    so->applied = 1;
+    so->lease_expires_at = so->kind == RB_OP_EXTEND ? strtod(expires_text, NULL) : 0;
 }
 
 void pg_settle_apply(pg_op *op, const PGresult *res)
 {
-    for (int r = 0; r < PQntuples(res); r++) {
-        long ord = strtol(PQgetvalue(res, r, 0), NULL, 10);
-        if (ord < 1 || (size_t)ord > op->nmap) continue;
-        rb_settle_op *so = &op->sops[op->map[ord - 1]];
-        so->applied = 1;
-        so->lease_expires_at = so->kind == RB_OP_EXTEND ? strtod(PQgetvalue(res, r, 1), NULL) : 0;
-    }
+    for (int r = 0; r < PQntuples(res); r++)
+        settle_result(op, PQgetvalue(res, r, 0), PQgetvalue(res, r, 1));
 }
 
 static void settle_done(pg_op *op, PGresult *res, const char *err)
@@ -972,21 +987,84 @@ static void settle_done(pg_op *op, PGresult *res, const char *err)
     pg_op_free(op);
 }
 
-static void pg_settle(rb_store *bs, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud)
+/* A settle op for ops[0..n) that starts at round `from`: NULL out of memory. */
+static pg_op *settle_op_new(pg_store *s, rb_settle_op *ops, size_t n, size_t from, rb_done_cb cb,
+                            void *ud)
 {
-    pg_store *s = (pg_store *)bs;
-    for (size_t i = 0; i < n; i++) { ops[i].applied = 0; ops[i].lease_expires_at = 0; }
     pg_op *op = pg_op_new(s, settle_done, ud);
-    if (!op) { cb(ud, "postgresql: out of memory"); return; }
+    if (!op) return NULL;
     op->cb.done = cb;
     op->sops = ops;
     op->nsops = n;
-    int r = pg_settle_round(op);
+    op->round_end = from;
+    return op;
+}
+
+/* Sends the rounds of op's writes from op->round_end on; cb(ud, err) when all are done. */
+static void settle_rest(pg_store *s, rb_settle_op *ops, size_t n, size_t from, rb_done_cb cb,
+                        void *ud)
+{
+    pg_op *op = settle_op_new(s, ops, n, from, cb, ud);
+    int r = op ? pg_settle_round(op) : -1;
     if (r <= 0) {
         pg_op_free(op);
         cb(ud, r < 0 ? "postgresql: out of memory" : NULL);
         return;
     }
+    op_submit_now(s, op);
+}
+
+static void pg_settle(rb_store *bs, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud)
+{
+    for (size_t i = 0; i < n; i++) { ops[i].applied = 0; ops[i].lease_expires_at = 0; }
+    settle_rest((pg_store *)bs, ops, n, 0, cb, ud);
+}
+
+/* The claim that carried settles: its first rows are the writes' results (c_settled, the
+ * 14th column, not NULL), the rest the deliveries. The settles' callback first (their runs
+ * end and free their slots), after any further rounds of them; then the claim's. */
+static void claim_settle_done(pg_op *op, PGresult *res, const char *err)
+{
+    int first = 0;
+    if (!err) {
+        if (PQnfields(res) < 14) err = "postgresql: the claim function returned too few columns";
+        else
+            for (; first < PQntuples(res) && !PQgetisnull(res, first, 13); first++)
+                settle_result(op, PQgetvalue(res, first, 13), PQgetvalue(res, first, 12));
+    }
+    if (err || op->round_end >= op->nsops) op->settle_cb(op->settle_ud, err);
+    else settle_rest(op->s, op->sops, op->nsops, op->round_end, op->settle_cb, op->settle_ud);
+    deliver_records(op, res, first, err);
+    pg_op_free(op);
+}
+
+/* One statement for a claim and the fenced writes of the batch before it. */
+static void pg_claim_settle(rb_store *bs, const rb_claim_req *req, rb_records_cb cb, void *ud,
+                            rb_settle_op *ops, size_t n, rb_done_cb settle_cb, void *settle_ud)
+{
+    pg_store *s = (pg_store *)bs;
+    for (size_t i = 0; i < n; i++) { ops[i].applied = 0; ops[i].lease_expires_at = 0; }
+    if (req->ntopics == 0 || req->limit == 0) {
+        pg_settle(bs, ops, n, settle_cb, settle_ud);
+        cb(ud, NULL, NULL, 0);
+        return;
+    }
+    pg_op *op = pg_op_new(s, claim_settle_done, ud);
+    int r = -1;
+    if (op && claim_params(op, req)) {
+        op->sops = ops;
+        op->nsops = n;
+        r = settle_round(op, 4);
+    }
+    if (r <= 0) {       /* nothing to carry, or out of memory: each goes its own way */
+        pg_op_free(op);
+        pg_settle(bs, ops, n, settle_cb, settle_ud);
+        pg_claim(bs, req, cb, ud);
+        return;
+    }
+    op->cb.records = cb;
+    op->settle_cb = settle_cb;
+    op->settle_ud = settle_ud;
     op_submit_now(s, op);
 }
 
@@ -1202,6 +1280,7 @@ static const rb_store_vtable pg_vtable = {
     .enqueue = pg_enqueue,
     .claim = pg_claim,
     .settle = pg_settle,
+    .claim_settle = pg_claim_settle,
     .get = pg_get,
     .list = pg_list,
     .stats = pg_stats,

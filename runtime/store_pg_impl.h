@@ -43,7 +43,9 @@ struct pg_op {
     pg_done_fn done;
     rb_store_cb cb;
     void *ud;
-    /* settle and commit */
+    /* settle, a claim that carries settles, and commit */
+    rb_done_cb settle_cb;       /* the carried settles' callback and its argument */
+    void *settle_ud;
     rb_settle_op *sops;
     size_t nsops, round_end, *map, nmap;
     rb_tx *tx;

@@ -22,6 +22,27 @@
     "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
 #define LIVE "status IN ('pending', 'processing')"
 
+/* The fenced writes of a settle batch, from five arrays of one length: ids, lease tokens, kinds
+ * (rb_settle_kind: 0 complete, 1 reschedule, 2 bury, 3 release, 4 extend), delays and errors.
+ * A row changes only while it is processing under the given token; o.ord numbers the writes. */
+#define SETTLE(ids, toks, kinds, delays, errors) \
+    "WITH o AS (SELECT * FROM unnest(" ids "::bigint[], " toks "::text[], " kinds "::integer[]," \
+    "  " delays "::float8[], " errors "::text[]) WITH ORDINALITY AS o(id, tok, kind, dl, err, ord))" \
+    " UPDATE \"@T\" AS d SET" \
+    "  status = CASE o.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'buried'" \
+    "   WHEN 4 THEN 'processing' ELSE 'pending' END," \
+    "  attempts = CASE WHEN o.kind = 3 THEN greatest(d.attempts - 1, 0) ELSE d.attempts END," \
+    "  run_at = CASE WHEN o.kind IN (1, 3) THEN now() + o.dl * interval '1 second'" \
+    "   ELSE d.run_at END," \
+    "  last_error = CASE WHEN o.kind IN (1, 2) THEN coalesce(o.err, d.last_error)" \
+    "   ELSE d.last_error END," \
+    "  lease_token = CASE WHEN o.kind = 4 THEN d.lease_token END," \
+    /* an extension never shortens the lease */ \
+    "  lease_expires_at = CASE WHEN o.kind = 4 THEN greatest(d.lease_expires_at," \
+    "   now() + o.dl * interval '1 second') END," \
+    "  settled_at = CASE WHEN o.kind IN (0, 2) THEN now() END" \
+    " FROM o WHERE d.id = o.id AND d.status = 'processing' AND d.lease_token = o.tok"
+
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
     "CREATE TABLE IF NOT EXISTS \"@T\" ("
@@ -90,6 +111,53 @@ static const char *const migrations[] = {
     "DROP TRIGGER IF EXISTS \"@T_notify\" ON \"@T\";\n"
     "CREATE TRIGGER \"@T_notify\" AFTER INSERT ON \"@T\""
     " FOR EACH STATEMENT EXECUTE FUNCTION \"@T_notify\"();\n",
+    /* 3: the claim as a function, which also applies the settles of the batch before it: one
+     * statement, one round trip and one commit for both (the settles first, so a delivery
+     * they release can be claimed again at once). Its rows: the settles' results first
+     * (c_settled = the write's ordinal, c_lease_expires_at its new expiry; the other columns
+     * NULL), then the claimed deliveries (c_settled NULL).
+     * The planner settings: without statistics (a new table before autovacuum's first
+     * ANALYZE) or with old ones (taken while few rows were live), the planner expects a
+     * handful of due rows and picks a bitmap scan and a sort of all of them: 50 ms per claim
+     * at 150,000 due rows, so a fresh table under load fell behind in its first minute
+     * (bench/sustained.lua). The ordered walk of "@T_due" that stops after the limit is right
+     * for any number of due rows; with sorting and bitmap scans off it is the only plan left
+     * (the sort of the claimed rows stays, and its penalty cost would start JIT compilation:
+     * 200 ms). plpgsql keeps the plans cached as a prepared statement does. */
+    "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
+    " s_error text[]) RETURNS TABLE (c_id text, c_topic text, c_payload text, c_key text,"
+    " c_last_error text, c_lease_token text, c_status text, c_attempts integer,"
+    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
+    " c_lease_expires_at float8, c_settled integer)"
+    " LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET jit = off AS $f$\n"
+    "BEGIN\n"
+    "  IF coalesce(array_length(s_id, 1), 0) > 0 THEN\n"
+    "    RETURN QUERY WITH w AS (" SETTLE("s_id", "s_token", "s_kind", "s_delay", "s_error")
+    "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)"
+    "    SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,"
+    "     NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::float8,"
+    "     w.expires, w.ord::integer FROM w;\n"
+    "  END IF;\n"
+    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\""
+    "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)"
+    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED),"
+    " u AS (UPDATE \"@T\" AS d SET"
+    "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END,"
+    "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END,"
+    "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END,"
+    "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL ELSE p_token END,"
+    "  lease_expires_at = CASE WHEN d.attempts >= d.max_attempts THEN NULL"
+    "   ELSE now() + p_lease * interval '1 second' END,"
+    "  last_error = CASE WHEN d.attempts >= d.max_attempts"
+    "   THEN coalesce(d.last_error, 'max attempts exceeded') ELSE d.last_error END,"
+    "  settled_at = CASE WHEN d.attempts >= d.max_attempts THEN now() END"
+    /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be
+     * planned as a hash join over a scan of the whole table */
+    "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)"
+    " SELECT " COLS ", NULL::integer FROM u WHERE status = 'processing' ORDER BY run_at, id;\n"
+    "END\n"
+    "$f$;\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -99,42 +167,9 @@ const char *const rb_pg_stmt_names[ST_COUNT] = {
 const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_ENQ] = "SELECT id::text FROM \"@T_enq\"($1::text[], $2::text[], $3::text[],"
                " $4::float8[], $5::float8[], $6::integer[]) AS id",
-    [ST_CLAIM] =
-        "WITH c AS (SELECT id FROM \"@T\""
-        "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY($1::text[])"
-        "  ORDER BY " DUE ", id LIMIT $2::bigint FOR UPDATE SKIP LOCKED),"
-        " u AS (UPDATE \"@T\" AS d SET"
-        "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END,"
-        "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END,"
-        "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END,"
-        "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL ELSE $4::text END,"
-        "  lease_expires_at = CASE WHEN d.attempts >= d.max_attempts THEN NULL"
-        "   ELSE now() + $3::float8 * interval '1 second' END,"
-        "  last_error = CASE WHEN d.attempts >= d.max_attempts"
-        "   THEN coalesce(d.last_error, 'max attempts exceeded') ELSE d.last_error END,"
-        "  settled_at = CASE WHEN d.attempts >= d.max_attempts THEN now() END"
-        /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be
-         * planned as a hash join over a scan of the whole table */
-        "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)"
-        " SELECT " COLS " FROM u WHERE status = 'processing' ORDER BY run_at, id",
-    /* kinds are rb_settle_kind: 0 complete, 1 reschedule, 2 bury, 3 release, 4 extend */
-    [ST_SETTLE] =
-        "WITH o AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::float8[],"
-        "  $5::text[]) WITH ORDINALITY AS o(id, tok, kind, dl, err, ord))"
-        " UPDATE \"@T\" AS d SET"
-        "  status = CASE o.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'buried'"
-        "   WHEN 4 THEN 'processing' ELSE 'pending' END,"
-        "  attempts = CASE WHEN o.kind = 3 THEN greatest(d.attempts - 1, 0) ELSE d.attempts END,"
-        "  run_at = CASE WHEN o.kind IN (1, 3) THEN now() + o.dl * interval '1 second'"
-        "   ELSE d.run_at END,"
-        "  last_error = CASE WHEN o.kind IN (1, 2) THEN coalesce(o.err, d.last_error)"
-        "   ELSE d.last_error END,"
-        "  lease_token = CASE WHEN o.kind = 4 THEN d.lease_token END,"
-        /* an extension never shortens the lease */
-        "  lease_expires_at = CASE WHEN o.kind = 4 THEN greatest(d.lease_expires_at,"
-        "   now() + o.dl * interval '1 second') END,"
-        "  settled_at = CASE WHEN o.kind IN (0, 2) THEN now() END"
-        " FROM o WHERE d.id = o.id AND d.status = 'processing' AND d.lease_token = o.tok"
+    [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
+                 " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[])",
+    [ST_SETTLE] = SETTLE("$1", "$2", "$3", "$4", "$5")
         " RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0)",
     [ST_GET] = "SELECT " COLS " FROM \"@T\" WHERE id = $1::bigint",
     [ST_LACQ] =

@@ -622,6 +622,41 @@ for _, entry in ipairs(S.list { dialects = true }) do
         expect(store, id, { status = "completed", attempts = 1 })
       end)
 
+      -- On PostgreSQL the releases of a batch ride in the claim that follows them, which may
+      -- take the released deliveries again in the same statement.
+      it("a backlog whose every delivery releases once: each runs exactly twice, its runs never overlap, all complete", function()
+        local N = 300
+        H.fill(store, "ex.rel_backlog", N)
+        local runs, running, overlaps, done = {}, {}, 0, 0
+        assert.is_true(drive(store, "ex.rel_backlog", function(delivery, ctx, stop)
+          local id = delivery.id
+          if running[id] then overlaps = overlaps + 1 end
+          running[id] = true
+          runs[id] = (runs[id] or 0) + 1
+          ctx:sleep(0)
+          running[id] = nil
+          if runs[id] == 1 then
+            assert(ctx:release())
+            return
+          end
+          done = done + 1
+          if done == N then stop() end
+        end, { concurrency = 16 }, nil, 30))
+        assert.equal(0, overlaps)
+        local n = 0
+        for _, count in pairs(runs) do
+          n = n + 1
+          assert.equal(2, count)
+        end
+        assert.equal(N, n)
+        local st = assert(store:stats())
+        assert.equal(N, st.completed)
+        assert.equal(0, st.pending + st.processing + st.buried)
+        for _, r in ipairs(assert(store:list { topic = "ex.rel_backlog", limit = 5 })) do
+          assert.equal(1, r.attempts)
+        end
+      end)
+
       it("ctx:release(delay) makes it pending at now + delay with attempts unchanged", function()
         local id = assert(store:enqueue("ex.release2", 1))
         local res, t0

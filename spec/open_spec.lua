@@ -121,6 +121,37 @@ describe("opening a store", function()
           store:close()
         end)
       end
+      if entry.name == "postgresql" then
+        it("postgresql: a table of schema version 2 is refused without migrate and brought to 3 by open; its deliveries then run", function()
+          local url = entry.url()
+          local t = S.unique("v2")
+          local store = assert(relaybus.open(url, { table = t }))
+          local ids = assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } })
+          -- what a database migrated by the release before the claim function looks like
+          assert(store:transaction(function(tx)
+            assert(tx:exec('DROP FUNCTION "' .. t .. '_claim"'))
+            return tx:exec("UPDATE relaybus_schema SET version = 2 WHERE table_name = $1", t)
+          end))
+          store:close()
+          local s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          H.one_line(err)
+          assert.truthy(err:find("version 2, this relaybus needs 3 (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open(url, { table = t }))
+          local seen = {}
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          d:handle("t", function(ctx)
+            seen[#seen + 1] = ctx.payload.n
+            if #seen == 2 then stop() end
+          end)
+          assert.is_true((H.run(d, 10)))
+          table.sort(seen)
+          assert.same({ 1, 2 }, seen)
+          for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+          store:close()
+        end)
+      end
     end
   end)
 
