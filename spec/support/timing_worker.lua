@@ -8,7 +8,8 @@
 -- (higher fence) had started: a takeover never overlaps the work of the run it replaced.
 -- Environment:
 --   RB_MODE   victim (default): RB_STEPS times sleep RB_STEP s, then a side effect
---             cbound: a side effect after every string.rep of 32 MB, forever (time in C)
+--             cbound: the first run of a delivery (fence 1): a side effect after every
+--             string.rep of 32 MB, forever (time in C); later runs as victim
 --             every: d:every("tick", RB_INTERVAL, fn) with fn as victim
 --   RB_BLOCK  also handle topic "block": os.execute("sleep RB_BLOCK") holds the loop
 --   RB_LEASE, RB_CONC, RB_POLL, RB_STEPS, RB_STEP, RB_INTERVAL
@@ -47,7 +48,7 @@ end
 d:handle("work", function(delivery, ctx)
   local id, fence = delivery.id, delivery.fence
   say("S", id, pid, fence, t(relaybus.now()))
-  if mode == "cbound" then
+  if mode == "cbound" and fence == 1 then
     while true do
       local s = string.rep("x", 32 * 1024 * 1024)
       s = nil
