@@ -158,7 +158,8 @@ typedef struct rb_store_vtable {
     void (*settle)(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud);
     /* Optional (may be NULL): settle(ops, n) and then claim(req) in one round trip (PostgreSQL:
      * one statement, so the claim sees the writes: a delivery they release may be claimed
-     * again). settle_cb is called first, then cb; an error of the statement fails both. */
+     * again). settle_cb and cb are each called once, in either order, with the results settle
+     * and claim would give; a failure of the claim alone never fails the writes. */
     void (*claim_settle)(rb_store *s, const rb_claim_req *req, rb_records_cb cb, void *ud,
                          rb_settle_op *ops, size_t n, rb_done_cb settle_cb, void *settle_ud);
 

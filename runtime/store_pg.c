@@ -1021,19 +1021,22 @@ static void pg_settle(rb_store *bs, rb_settle_op *ops, size_t n, rb_done_cb cb, 
 }
 
 /* The claim that carried settles: its first rows are the writes' results (c_settled, the
- * 14th column, not NULL), the rest the deliveries. The settles' callback first (their runs
- * end and free their slots), after any further rounds of them; then the claim's. */
+ * 14th column, not NULL), the rest the deliveries. The writes' further rounds, if any, go out
+ * as a settle of their own. When the statement failed the writes are sent again alone: the
+ * failure may be the claim's (a topic the server refuses, a timeout), and a claim that keeps
+ * failing must not take the settles of healthy runs down with it. */
 static void claim_settle_done(pg_op *op, PGresult *res, const char *err)
 {
     int first = 0;
-    if (!err) {
-        if (PQnfields(res) < 14) err = "postgresql: the claim function returned too few columns";
-        else
-            for (; first < PQntuples(res) && !PQgetisnull(res, first, 13); first++)
-                settle_result(op, PQgetvalue(res, first, 13), PQgetvalue(res, first, 12));
+    if (!err && PQnfields(res) < 14) err = "postgresql: the claim function returned too few columns";
+    if (err) {
+        settle_rest(op->s, op->sops, op->nsops, 0, op->settle_cb, op->settle_ud);
+    } else {
+        for (; first < PQntuples(res) && !PQgetisnull(res, first, 13); first++)
+            settle_result(op, PQgetvalue(res, first, 13), PQgetvalue(res, first, 12));
+        if (op->round_end >= op->nsops) op->settle_cb(op->settle_ud, NULL);
+        else settle_rest(op->s, op->sops, op->nsops, op->round_end, op->settle_cb, op->settle_ud);
     }
-    if (err || op->round_end >= op->nsops) op->settle_cb(op->settle_ud, err);
-    else settle_rest(op->s, op->sops, op->nsops, op->round_end, op->settle_cb, op->settle_ud);
     deliver_records(op, res, first, err);
     pg_op_free(op);
 }

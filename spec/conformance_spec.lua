@@ -746,6 +746,27 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_true(urgent_at < 30, "the urgent delivery waited for " .. urgent_at .. " of 60 backlog runs")
       end)
 
+      -- PostgreSQL refuses a topic that is not UTF-8, so that lane's every claim fails; the
+      -- settles of the other lane that rode in such a claim must still be written.
+      it("a lane whose every claim fails costs the others nothing: each delivery runs once, every ctx:complete succeeds", function()
+        local N = 40
+        H.fill(store, "ln.good", N)
+        local d = H.dispatcher(store, { concurrency = 4 })
+        local stop = H.stopper(d)
+        local runs, oks, errs = 0, 0, {}
+        d:handle("ln.bad\xff", function() end, { priority = 10 })
+        d:handle("ln.good", function(_, ctx)
+          runs = runs + 1
+          local ok, err = ctx:complete()
+          if ok then oks = oks + 1 else errs[#errs + 1] = tostring(err) end
+          if oks + #errs >= N then stop() end
+        end)
+        assert.is_true(H.run(d, 30))
+        assert.same({}, errs)
+        assert.equal(N, runs)
+        assert.equal(N, assert(store:stats()).completed)
+      end)
+
       it("handle refuses a concurrency or priority that is not an integer in range", function()
         local d = H.dispatcher(store)
         for _, o in ipairs { { concurrency = 0.5 }, { concurrency = -1 }, { concurrency = math.huge }, { concurrency = 0 },
