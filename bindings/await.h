@@ -5,7 +5,7 @@
  * the Lua caller sees an ordinary function call that returns the results.
  *
  *   static int l_thing(lua_State *L) {
- *       rb_await *w = rb_await_begin(L);       // raises "aborted" result if the run is aborted
+ *       rb_await *w = rb_await_begin(L);       // NULL when the run is already aborted:
  *       if (!w) return 2;                       // nil, "aborted" already pushed
  *       start_io(..., on_done, w);              // on_done may run before start_io returns
  *       return rb_await_finish(L, w);

@@ -40,20 +40,18 @@ typedef struct call {
 
 /* ---- the transport of this module ---- */
 
-/* When the state closes (lua_close runs finalizers, in either order with ours) nothing may call
- * back into Lua: the transport is dropped silently. (A stopping dispatcher cuts only its own
- * runs' transfers, through their aborts.) */
+/* Called when the state closes (lua_close runs finalizers, in either order with ours): nothing
+ * may call back into Lua, so the transport is dropped silently. (A stopping dispatcher cuts
+ * only its own runs' transfers, through their aborts.) */
 static void on_module_cut(void *ud)
 {
     transport *tp = ud;
     if (tp->collected) {
         free(tp);
-    } else if (tp->m->closing) {
+    } else {
         rb_http_free(tp->h);
         tp->h = NULL;
         tp->closed = 1;
-    } else {
-        rb_http_cut_all(tp->h, "cut by shutdown");
     }
 }
 
