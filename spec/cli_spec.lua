@@ -419,6 +419,38 @@ describe("the command", function()
       end
     end)
 
+    it("run: a script that never starts its dispatcher, or calls relaybus.run() with nothing to run, is told so", function()
+      local db = "sqlite:" .. S.tmpfile("unstarted") .. ".db"
+      local forgot = S.tmpfile("forgot") .. ".lua"
+      S.write(forgot, [[
+        local relaybus = require "relaybus"
+        local d = relaybus.dispatcher(assert(relaybus.open(arg[1])))
+        d:handle("t", function() end)
+      ]])
+      local code, out, err = cmd { "run", forgot, db }
+      assert.equal(0, code)
+      assert.equal("", out)
+      assert.truthy(err:find("made a dispatcher with handlers but never started it (call d:start())", 1, true), err)
+      -- relaybus.run() itself says it, once, whether or not a dispatcher was made
+      local runs = S.tmpfile("runs") .. ".lua"
+      S.write(runs, [[
+        local relaybus = require "relaybus"
+        if arg[2] == "unstarted" then
+          relaybus.dispatcher(assert(relaybus.open(arg[1]))):handle("t", function() end)
+        end
+        relaybus.run()
+        relaybus.run()
+      ]])
+      code, out, err = cmd { "run", runs, db, "unstarted" }
+      assert.equal(0, code)
+      local _, n = err:gsub("relaybus.run%(%): a dispatcher has handlers but was never started %(call d:start%(%)%); nothing to run", "")
+      assert.equal(1, n, err)
+      code, out, err = cmd { "run", runs, db, "empty" }
+      assert.equal(0, code)
+      _, n = err:gsub("relaybus.run%(%): nothing to run %(no dispatcher started, no task spawned%)", "")
+      assert.equal(1, n, err)
+    end)
+
     -- every usage error: exit 2, nothing on stdout, one inert line on stderr, nothing written
     local USAGE = {
       {}, { "frobnicate" }, { "-" }, { "--json", "stats" }, { "--store" }, { "--table" },
