@@ -136,8 +136,12 @@ void rb_await_resolve(rb_await *w, int nresults)
         t->wait = NULL;
         free(w);
         /* A result that comes after the run's deadline (a frozen process, a loop held by a
-         * sibling) must not tell the run to go on: another worker may own the delivery now. */
-        if (!truthful && rb_task_is_aborted(t) && !t->done) {
+         * sibling) must not tell the run to go on: another worker may own the delivery now.
+         * A truthful one is kept, but the deadline is noticed all the same (the answer may be
+         * handled before the deadline's timer), so the abort is delivered now and the grace
+         * counts from this resume instead of from a deadline long past. */
+        int aborted = rb_task_is_aborted(t);
+        if (!truthful && aborted && !t->done) {
             lua_pop(t->co, nresults);
             lua_pushnil(t->co);
             lua_pushliteral(t->co, "aborted");
@@ -243,8 +247,10 @@ void rb_task_run_deferred(rb_module *m)
         RB_FIFO_POP_ON(&m->deferred, &t, deferred_next);
         t->deferred = 0;
         int nargs = t->deferred_nargs, truthful = t->deferred_truthful;
-        /* it waited for this step: a deadline that passed meanwhile still decides */
-        if (!truthful && rb_task_is_aborted(t) && !t->done) {
+        /* it waited for this step: a deadline that passed meanwhile still decides (and is
+         * noticed before a truthful answer too, as in rb_await_resolve) */
+        int aborted = rb_task_is_aborted(t);
+        if (!truthful && aborted && !t->done) {
             lua_pop(t->co, nargs);
             lua_pushnil(t->co);
             lua_pushliteral(t->co, "aborted");

@@ -111,6 +111,37 @@ for _, entry in ipairs(S.list()) do
       slow:close()
     end)
 
+    -- The loop is held (as in a frozen process) past the answer's due time and then past the
+    -- deadline: after it libev runs the expired timers in order, the answer's before the
+    -- deadline's. The run must still get its grace from that answer, not be stopped at once
+    -- for a deadline long past (faults_random saw a complete written and its run never end).
+    it("a run whose loop was held past its deadline and its settle's answer gets the grace from the answer", function()
+      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = 0.2, max_delay = 0.2 })
+      local res = {}
+      local id = assert(store:enqueue("ab.held_settle", 1, { max_attempts = 1 }))
+      local d = H.dispatcher(slow)
+      local stop = H.stopper(d, 10)
+      d:handle("ab.held_settle", function(delivery, ctx)
+        stop()
+        relaybus.spawn(function()
+          relaybus.sleep(0.05)
+          os.execute("sleep 1.5")     -- holds the loop past the deadline and the answer
+        end)
+        res.complete = table.pack(ctx:complete())
+        res.aborted = ctx.signal.aborted
+        local n = 0
+        for i = 1, 20000 do n = n + i end   -- some Lua after the answer, well within the grace
+        res.after = n
+      end, { timeout = 0.5 })
+      assert.is_true(H.run(d, 30), "the run did not settle")
+      assert.is_true(res.complete ~= nil and res.complete[1], "the settle's answer: "
+        .. tostring(res.complete and res.complete[2]))
+      assert.equal(200010000, res.after, "the code after the answer did not run")
+      assert.is_true(res.aborted, "the answer came after the deadline, and the run was told nothing")
+      assert.equal("completed", assert(store:get(id)).status)
+      slow:close()
+    end)
+
     if entry.name ~= "mongodb" then
       it("a store call waiting on a locked store ends at the deadline with nil, \"aborted\"", function()
         local ready = S.tmpfile("locked")
