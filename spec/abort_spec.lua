@@ -86,29 +86,39 @@ for _, entry in ipairs(S.list()) do
       assert.equal(1, (H.total(store)), "the aborted run's enqueue was written")
     end)
 
-    -- Found by faults_random: a settle sent before the abort and answered long after it (a
-    -- slow store, a loop held by a blocked call) resumed a run already past its grace, so it
-    -- was stopped before it could read the answer; the grace counts from the answer.
-    it("a run aborted while its settle was on the way gets the grace from the answer: it reads it and returns", function()
-      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = 0.6, max_delay = 0.6 })
+    -- A run whose ctx:complete() is answered `delay` s late, with `timeout`; `before` runs in
+    -- the handler first. Returns what the handler saw, and checks what must hold either way:
+    -- the answer is true, the Lua after it runs (well within the grace), the delivery is done.
+    local function late_complete(topic, delay, timeout, before)
+      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = delay, max_delay = delay })
       local res = {}
-      local id = assert(store:enqueue("ab.late_settle", 1, { max_attempts = 1 }))
+      local id = assert(store:enqueue(topic, 1, { max_attempts = 1 }))
       local d = H.dispatcher(slow)
       local stop = H.stopper(d, 10)
-      d:handle("ab.late_settle", function(delivery, ctx)
+      d:handle(topic, function(delivery, ctx)
         stop()
+        if before then before() end
         res.complete = table.pack(ctx:complete())
         res.aborted = ctx.signal.aborted
         local n = 0
         for i = 1, 20000 do n = n + i end   -- some Lua after the answer, well within the grace
         res.after = n
-      end, { timeout = 0.1 })
+      end, { timeout = timeout })
       assert.is_true(H.run(d, 30), "the run did not settle")
-      assert.is_true(res.aborted, "the run was not aborted by its timeout while it waited")
-      assert.is_true(res.complete[1], "the settle's answer: " .. tostring(res.complete[2]))
+      assert.is_true(res.complete ~= nil and res.complete[1], "the settle's answer: "
+        .. tostring(res.complete and res.complete[2]))
       assert.equal(200010000, res.after, "the code after the answer did not run")
       assert.equal("completed", assert(store:get(id)).status)
       slow:close()
+      return res
+    end
+
+    -- Found by faults_random: a settle sent before the abort and answered long after it (a
+    -- slow store, a loop held by a blocked call) resumed a run already past its grace, so it
+    -- was stopped before it could read the answer; the grace counts from the answer.
+    it("a run aborted while its settle was on the way gets the grace from the answer: it reads it and returns", function()
+      local res = late_complete("ab.late_settle", 0.6, 0.1)
+      assert.is_true(res.aborted, "the run was not aborted by its timeout while it waited")
     end)
 
     -- The loop is held (as in a frozen process) past the answer's due time and then past the
@@ -116,30 +126,13 @@ for _, entry in ipairs(S.list()) do
     -- deadline's. The run must still get its grace from that answer, not be stopped at once
     -- for a deadline long past (faults_random saw a complete written and its run never end).
     it("a run whose loop was held past its deadline and its settle's answer gets the grace from the answer", function()
-      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = 0.2, max_delay = 0.2 })
-      local res = {}
-      local id = assert(store:enqueue("ab.held_settle", 1, { max_attempts = 1 }))
-      local d = H.dispatcher(slow)
-      local stop = H.stopper(d, 10)
-      d:handle("ab.held_settle", function(delivery, ctx)
-        stop()
+      local res = late_complete("ab.held_settle", 0.2, 0.5, function()
         relaybus.spawn(function()
           relaybus.sleep(0.05)
           os.execute("sleep 1.5")     -- holds the loop past the deadline and the answer
         end)
-        res.complete = table.pack(ctx:complete())
-        res.aborted = ctx.signal.aborted
-        local n = 0
-        for i = 1, 20000 do n = n + i end   -- some Lua after the answer, well within the grace
-        res.after = n
-      end, { timeout = 0.5 })
-      assert.is_true(H.run(d, 30), "the run did not settle")
-      assert.is_true(res.complete ~= nil and res.complete[1], "the settle's answer: "
-        .. tostring(res.complete and res.complete[2]))
-      assert.equal(200010000, res.after, "the code after the answer did not run")
+      end)
       assert.is_true(res.aborted, "the answer came after the deadline, and the run was told nothing")
-      assert.equal("completed", assert(store:get(id)).status)
-      slow:close()
     end)
 
     if entry.name ~= "mongodb" then
