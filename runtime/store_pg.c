@@ -1047,19 +1047,15 @@ static void pg_claim_settle(rb_store *bs, const rb_claim_req *req, rb_records_cb
 {
     pg_store *s = (pg_store *)bs;
     for (size_t i = 0; i < n; i++) { ops[i].applied = 0; ops[i].lease_expires_at = 0; }
-    if (req->ntopics == 0 || req->limit == 0) {
-        pg_settle(bs, ops, n, settle_cb, settle_ud);
-        cb(ud, NULL, NULL, 0);
-        return;
-    }
-    pg_op *op = pg_op_new(s, claim_settle_done, ud);
+    pg_op *op = req->ntopics && req->limit ? pg_op_new(s, claim_settle_done, ud) : NULL;
     int r = -1;
     if (op && claim_params(op, req)) {
         op->sops = ops;
         op->nsops = n;
         r = settle_round(op, 4);
     }
-    if (r <= 0) {       /* nothing to carry, or out of memory: each goes its own way */
+    /* nothing to claim or to carry, or out of memory: each goes its own way */
+    if (r <= 0) {
         pg_op_free(op);
         pg_settle(bs, ops, n, settle_cb, settle_ud);
         pg_claim(bs, req, cb, ud);
