@@ -657,6 +657,41 @@ for _, entry in ipairs(S.list { dialects = true }) do
         end
       end)
 
+      -- Hostile texts and numbers in every kind of write of one backlog: on PostgreSQL they
+      -- ride together in the claims that follow them.
+      it("a backlog of mixed settles with hostile reasons: each lands as asked, every last_error valid text", function()
+        local N = 200
+        local ids = H.fill(store, "ex.mixed", N)
+        local want, done = {}, 0
+        local reasons = { "caf\233", "nul\0inside", string.rep("\255", 300), "line\nbreak", string.rep("x", 100000) }
+        local function check(ok, err) assert(ok, err) end
+        assert.is_true(drive(store, "ex.mixed", function(delivery, ctx, stop)
+          local i = delivery.payload.i
+          local reason = reasons[i % #reasons + 1]
+          local k = i % 4
+          want[delivery.id] = k
+          if k == 0 then check(ctx:complete())
+          elseif k == 1 then check(ctx:bury(reason))
+          elseif k == 2 then check(ctx:reschedule(3600, reason))
+          else
+            check(ctx:extend_lease(1e6))
+            check(ctx:release(1e8))
+          end
+          done = done + 1
+          if done == N then stop() end
+        end, { concurrency = 32 }, nil, 30))
+        local expect_status = { [0] = "completed", "buried", "pending", "pending" }
+        for _, id in ipairs(ids) do
+          local r = assert(store:get(id))
+          assert.equal(expect_status[want[id]], r.status, id)
+          if r.last_error then
+            assert.truthy(utf8.len(r.last_error), "last_error is not UTF-8: " .. id)
+            assert.is_nil(r.last_error:find("\0", 1, true), id)
+          end
+          if want[id] == 2 then assert.truthy(r.last_error, id) end
+        end
+      end)
+
       it("ctx:release(delay) makes it pending at now + delay with attempts unchanged", function()
         local id = assert(store:enqueue("ex.release2", 1))
         local res, t0
