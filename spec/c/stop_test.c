@@ -361,11 +361,13 @@ static void free_with_an_explicit_settle_in_flight(void **state)
 
 /* A transactional run whose transaction begins only after the stop gave up on it: the
  * transaction is rolled back, nothing is written, and the store serves the next caller. */
-static void a_transaction_begun_after_the_stop_gave_up_is_rolled_back(void **state)
+/* One delivery for a transactional handler whose BEGIN is answered after `begin_delay` s, and a
+ * stop of `timeout` s made while that BEGIN is in flight. */
+static th_handler *stop_during_a_slow_begin(th_env *e, th_ids *ids, double begin_delay,
+                                            double timeout)
 {
-    th_env *e = th_env_of(state);
-    th_ids ids = th_enqueue(e, T, 1, 0, 0);
-    e->spy->begin_delay = 0.4;
+    *ids = th_enqueue(e, T, 1, 0, 0);
+    e->spy->begin_delay = begin_delay;
     th_dispatcher(e, NULL);
     th_handler *h = th_new_handler(e);
     h->def.transactional = 1;
@@ -373,7 +375,15 @@ static void a_transaction_begun_after_the_stop_gave_up_is_rolled_back(void **sta
     th_handle(e, h, T);
     rb_dispatcher_start(e->d);
     TH_RUN_UNTIL(e, e->spy->begins == 1, 10);
-    th_stop(e, 0.2);                    /* the begin is still unanswered */
+    th_stop(e, timeout);
+    return h;
+}
+
+static void a_transaction_begun_after_the_stop_gave_up_is_rolled_back(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids ids;
+    th_handler *h = stop_during_a_slow_begin(e, &ids, 0.4, 0.2);   /* the begin is still unanswered */
     assert_int_equal(h->starts, 0);
     TH_RUN_UNTIL(e, e->quiet, 5);       /* its answer comes at 0.4 s */
     assert_int_equal(e->quiet, 1);
@@ -390,16 +400,8 @@ static void a_transaction_begun_after_the_stop_gave_up_is_rolled_back(void **sta
 static void free_with_a_begin_in_flight(void **state)
 {
     th_env *e = th_env_of(state);
-    th_ids ids = th_enqueue(e, T, 1, 0, 0);
-    e->spy->begin_delay = 0.3;
-    th_dispatcher(e, NULL);
-    th_handler *h = th_new_handler(e);
-    h->def.transactional = 1;
-    h->on_start = th_start_ok;
-    th_handle(e, h, T);
-    rb_dispatcher_start(e->d);
-    TH_RUN_UNTIL(e, e->spy->begins == 1, 10);
-    th_stop(e, 0.1);
+    th_ids ids;
+    th_handler *h = stop_during_a_slow_begin(e, &ids, 0.3, 0.1);
     rb_dispatcher_free(e->d);
     e->d = NULL;
     th_run_for(e, 0.4);                 /* the BEGIN's answer arrives */
