@@ -22,12 +22,17 @@
     "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
 #define LIVE "status IN ('pending', 'processing')"
 
-/* The fenced writes of a settle batch, from five arrays of one length: ids, lease tokens, kinds
- * (rb_settle_kind: 0 complete, 1 reschedule, 2 bury, 3 release, 4 extend), delays and errors.
- * A row changes only while it is processing under the given token; o.ord numbers the writes. */
-#define SETTLE(ids, toks, kinds, delays, errors) \
-    "WITH o AS (SELECT * FROM unnest(" ids "::bigint[], " toks "::text[], " kinds "::integer[]," \
-    "  " delays "::float8[], " errors "::text[]) WITH ORDINALITY AS o(id, tok, kind, dl, err, ord))" \
+/* The fenced writes of a settle batch inside "@T_claim", from its five arrays of one length:
+ * s_id, s_token, s_kind (rb_settle_kind: 0 complete, 1 reschedule, 2 bury, 3 release,
+ * 4 extend), s_delay and s_error. A row changes only while it is processing under the given
+ * token; o.ord numbers the writes. The two clauses that look redundant fix the plan for any
+ * size of table: d.id = ANY(s_id) gives the scan of d an index condition on the primary key
+ * whatever the join order, and the status compared with the variable `processing` (a
+ * parameter in the cached plan) cannot prove the predicate of the partial "@T_due", so the
+ * planner cannot walk all of it for the ids (its second column). */
+#define SETTLE \
+    "WITH o AS (SELECT * FROM unnest(s_id, s_token, s_kind, s_delay, s_error)" \
+    "  WITH ORDINALITY AS o(id, tok, kind, dl, err, ord))" \
     " UPDATE \"@T\" AS d SET" \
     "  status = CASE o.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'buried'" \
     "   WHEN 4 THEN 'processing' ELSE 'pending' END," \
@@ -41,7 +46,8 @@
     "  lease_expires_at = CASE WHEN o.kind = 4 THEN greatest(d.lease_expires_at," \
     "   now() + o.dl * interval '1 second') END," \
     "  settled_at = CASE WHEN o.kind IN (0, 2) THEN now() END" \
-    " FROM o WHERE d.id = o.id AND d.status = 'processing' AND d.lease_token = o.tok"
+    " FROM o WHERE d.id = o.id AND d.id = ANY(s_id) AND d.status = processing" \
+    "  AND d.lease_token = o.tok"
 
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
@@ -111,34 +117,47 @@ static const char *const migrations[] = {
     "DROP TRIGGER IF EXISTS \"@T_notify\" ON \"@T\";\n"
     "CREATE TRIGGER \"@T_notify\" AFTER INSERT ON \"@T\""
     " FOR EACH STATEMENT EXECUTE FUNCTION \"@T_notify\"();\n",
-    /* 3: the claim as a function, which also applies the settles of the batch before it: one
+    /* 3: the first claim function, replaced whole by 4 (which creates it where 3 never ran). */
+    "SELECT 1;\n",
+    /* 4: the claim as a function, which also applies the settles of the batch before it: one
      * statement, one round trip and one commit for both (the settles first, so a delivery
      * they release can be claimed again at once). Its rows: the settles' results first
      * (c_settled = the write's ordinal, c_lease_expires_at its new expiry; the other columns
-     * NULL), then the claimed deliveries (c_settled NULL).
-     * The planner settings: without statistics (a new table before autovacuum's first
-     * ANALYZE) or with old ones (taken while few rows were live), the planner expects a
-     * handful of due rows and picks a bitmap scan and a sort of all of them: 50 ms per claim
-     * at 150,000 due rows, so a fresh table under load fell behind in its first minute
-     * (bench/sustained.lua). The ordered walk of "@T_due" that stops after the limit is right
-     * for any number of due rows; with sorting and bitmap scans off it is the only plan left
-     * (the sort of the claimed rows stays, and its penalty cost would start JIT compilation:
-     * 200 ms). plpgsql keeps the plans cached as a prepared statement does. */
+     * NULL), then the claimed deliveries (c_settled NULL). With p_limit 0 it only settles:
+     * ST_SETTLE is this function too, so every fenced write runs under the same plans.
+     * The planner settings: plpgsql caches each statement's plan from its first calls, and a
+     * table starts empty. A plan made for an empty table (or one whose statistics were taken
+     * while few rows were live) scans it whole: a sequential scan to find the claimed or the
+     * settled ids, a bitmap scan and a sort of every due row. At 150,000 due rows each claim
+     * took 50 to 300 ms, so a fresh table under load fell behind until autovacuum's first
+     * ANALYZE replaced the plans (bench/sustained.lua, minutes 1 and 2, delays of seconds).
+     * With sequential scans, bitmap scans and sorts off, the only plans left reach rows by
+     * key, right for any size of table: the ordered walk of "@T_due" that stops after the
+     * limit, the primary key for the ids (see SETTLE for how its statement keeps to it).
+     * Nested loops off: the settle's join of n writes to n rows by hash, not n rescans of the
+     * writes for each row (n^2: 1.3 ms instead of 0.1 at 64 writes). The
+     * plans are always the generic ones, so that is true of every call, not only of those
+     * after the first five. The sort of the claimed rows stays; its penalty cost would start
+     * JIT compilation (200 ms), hence jit off. */
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
     " s_error text[]) RETURNS TABLE (c_id text, c_topic text, c_payload text, c_key text,"
     " c_last_error text, c_lease_token text, c_status text, c_attempts integer,"
     " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
     " c_lease_expires_at float8, c_settled integer)"
-    " LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET jit = off AS $f$\n"
+    " LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off"
+    " SET enable_nestloop = off SET enable_sort = off SET enable_bitmapscan = off SET jit = off"
+    " AS $f$\n"
+    "DECLARE processing constant text := 'processing';\n"
     "BEGIN\n"
     "  IF coalesce(array_length(s_id, 1), 0) > 0 THEN\n"
-    "    RETURN QUERY WITH w AS (" SETTLE("s_id", "s_token", "s_kind", "s_delay", "s_error")
+    "    RETURN QUERY WITH w AS (" SETTLE
     "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)"
     "    SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,"
     "     NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::float8,"
     "     w.expires, w.ord::integer FROM w;\n"
     "  END IF;\n"
+    "  IF p_limit > 0 THEN\n"
     "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\""
     "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)"
     "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED),"
@@ -156,6 +175,7 @@ static const char *const migrations[] = {
      * planned as a hash join over a scan of the whole table */
     "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)"
     " SELECT " COLS ", NULL::integer FROM u WHERE status = 'processing' ORDER BY run_at, id;\n"
+    "  END IF;\n"
     "END\n"
     "$f$;\n",
 };
@@ -169,8 +189,9 @@ const char *const rb_pg_stmt_templates[ST_COUNT] = {
                " $4::float8[], $5::float8[], $6::integer[]) AS id",
     [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
                  " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[])",
-    [ST_SETTLE] = SETTLE("$1", "$2", "$3", "$4", "$5")
-        " RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0)",
+    [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"
+                  " 0::float8, NULL::text, $1::bigint[], $2::text[], $3::integer[], $4::float8[],"
+                  " $5::text[])",
     [ST_GET] = "SELECT " COLS " FROM \"@T\" WHERE id = $1::bigint",
     [ST_LACQ] =
         "INSERT INTO \"@T_leases\" AS l (name, token, expires_at)"

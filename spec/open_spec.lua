@@ -122,7 +122,7 @@ describe("opening a store", function()
         end)
       end
       if entry.name == "postgresql" then
-        it("postgresql: a table of schema version 2 is refused without migrate and brought to 3 by open; its deliveries then run", function()
+        it("postgresql: a table of schema version 2 is refused without migrate and brought to 4 by open; its deliveries then run", function()
           local url = entry.url()
           local t = S.unique("v2")
           local store = assert(relaybus.open(url, { table = t }))
@@ -136,7 +136,7 @@ describe("opening a store", function()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
           H.one_line(err)
-          assert.truthy(err:find("version 2, this relaybus needs 3 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 2, this relaybus needs 4 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local seen = {}
           local d = H.dispatcher(store)
@@ -149,6 +149,43 @@ describe("opening a store", function()
           table.sort(seen)
           assert.same({ 1, 2 }, seen)
           for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+          store:close()
+        end)
+        it("postgresql: a table of schema version 3 gets the claim function whose plans reach rows by key", function()
+          local url = entry.url()
+          local t = S.unique("v3")
+          local store = assert(relaybus.open(url, { table = t }))
+          local function settings()
+            local ok, rows = store:transaction(function(tx)
+              return tx:query("SELECT array_to_string(proconfig, ',') AS c FROM pg_proc WHERE proname = $1", t .. "_claim")
+            end)
+            assert.is_true(ok, rows)
+            return rows[1] and rows[1].c or ""
+          end
+          assert.truthy(settings():find("enable_seqscan=off", 1, true), settings())
+          -- what version 3 left: the function without its planner settings
+          assert(store:transaction(function(tx)
+            assert(tx:exec('ALTER FUNCTION "' .. t .. '_claim" RESET ALL'))
+            return tx:exec("UPDATE relaybus_schema SET version = 3 WHERE table_name = $1", t)
+          end))
+          assert.equal("", settings())
+          store:close()
+          local s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("version 3, this relaybus needs 4 (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open(url, { table = t }))
+          local c = settings()
+          for _, want in ipairs { "plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_nestloop=off", "enable_sort=off",
+            "enable_bitmapscan=off", "jit=off" } do
+            assert.truthy(c:find(want, 1, true), c)
+          end
+          -- settles alone go through the same function: one completes, a wrong token changes nothing
+          local id = assert(store:enqueue("t", { n = 1 }))
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          d:handle("t", function() stop() end)
+          assert.is_true((H.run(d, 10)))
+          assert.equal("completed", assert(store:get(id)).status)
           store:close()
         end)
       end
