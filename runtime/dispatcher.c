@@ -107,9 +107,12 @@ static void on_store_notify(void *ud) { on_local_enqueue(ud); }
 /* Deliveries of a topic no dispatcher handles wait in silence (a typo in d:handle, a worker not
  * deployed). Once per store, a moment after its first dispatcher started (so the others of the
  * process have started too), the pending counts per topic are read and each topic that none of
- * the store's dispatchers here handles is named in a warning. */
+ * the store's dispatchers here handles is named in a warning. The counts come from at most
+ * UNHANDLED_SCAN_MAX pending deliveries (the earliest due) where the store can bound the read
+ * (pending_topics): a process start must not cost a scan of a table of millions of rows. */
 #define UNHANDLED_CHECK_AFTER 2.0
 #define UNHANDLED_NAMED_MAX 10
+#define UNHANDLED_SCAN_MAX 10000
 
 static int handled_here(const rb_store *s, const char *topic)
 {
@@ -130,6 +133,13 @@ static void on_topic_rows(void *ud, const char *err, rb_rowset *rs)
     rb_store *s = ud;
     int tc = rs ? column(rs, "topic") : -1, pc = rs ? column(rs, "pending") : -1;
     size_t named = 0, more = 0;
+    /* counts that add up to the bound are lower bounds: more may be pending */
+    int64_t seen = 0;
+    for (size_t r = 0; !err && pc >= 0 && r < rs->nrows; r++) {
+        const rb_value *p = &rs->vals[r * (size_t)rs->ncols + (size_t)pc];
+        if (p->type == RB_VINT && p->i > 0) seen += p->i;
+    }
+    const char *at_least = s->vt->pending_topics && seen >= UNHANDLED_SCAN_MAX ? "at least " : "";
     for (size_t r = 0; !err && s->dispatchers && tc >= 0 && pc >= 0 && r < rs->nrows; r++) {
         const rb_value *t = &rs->vals[r * (size_t)rs->ncols + (size_t)tc];
         const rb_value *p = &rs->vals[r * (size_t)rs->ncols + (size_t)pc];
@@ -140,9 +150,9 @@ static void on_topic_rows(void *ud, const char *err, rb_rowset *rs)
         if (named++ < UNHANDLED_NAMED_MAX) {
             char shown[256];
             rb_one_line(shown, sizeof shown, topic);
-            rb_log(RB_LOG_WARN, "%lld deliveries of topic \"%s\" are pending and no dispatcher "
+            rb_log(RB_LOG_WARN, "%s%lld deliveries of topic \"%s\" are pending and no dispatcher "
                    "of this process handles it (a typo in d:handle, or a worker not running?)",
-                   (long long)p->i, shown);
+                   at_least, (long long)p->i, shown);
         } else {
             more++;
         }
@@ -156,7 +166,10 @@ static void on_unhandled_check(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop; (void)revents;
     rb_dispatcher *d = w->data;
     if (d->stopping || d->stopped) return;
-    d->store->vt->topic_stats(d->store, on_topic_rows, d->store);
+    if (d->store->vt->pending_topics)
+        d->store->vt->pending_topics(d->store, UNHANDLED_SCAN_MAX, on_topic_rows, d->store);
+    else
+        d->store->vt->topic_stats(d->store, on_topic_rows, d->store);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
@@ -234,7 +247,8 @@ int rb_dispatcher_start(rb_dispatcher *d)
     ev_prepare_start(d->loop, &d->flush_watcher);
     rb_timer_start(d->loop, &d->poll_timer);
     wake_list_add(d);
-    if (!d->store->unhandled_checked && d->store->vt->topic_stats && d->nhandlers) {
+    if (!d->store->unhandled_checked && (d->store->vt->pending_topics || d->store->vt->topic_stats) &&
+        d->nhandlers) {
         d->store->unhandled_checked = 1;
         rb_timer_start(d->loop, &d->unhandled_timer);
     }

@@ -176,6 +176,13 @@ typedef struct rb_store_vtable {
                   rb_count_cb cb, void *ud);
     /* For operators (the dashboard). Counts per topic and status (see RB_TOPIC_STATS_MAX). */
     void (*topic_stats)(rb_store *s, rb_rows_cb cb, void *ud);
+    /* Optional. Counts per topic of pending deliveries among at most scan_max of them (the
+     * earliest due, where an index gives that order): columns topic (text) and pending (int),
+     * by topic, at most RB_TOPIC_STATS_MAX rows. The cost is bounded by scan_max whatever the
+     * size of the table (0 is taken as 1); when the counts add up to scan_max they are lower
+     * bounds. The
+     * dispatcher's check for topics nobody handles uses it (else topic_stats). */
+    void (*pending_topics)(rb_store *s, size_t scan_max, rb_rows_cb cb, void *ud);
     /* Buries delivery `id` now when it is pending or processing (a running handler's lease
      * is taken away: its later writes are not applied), last_error = reason (may be NULL).
      * count: 1 when buried, 0 when no such live delivery. */

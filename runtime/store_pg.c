@@ -1181,6 +1181,7 @@ static void store_free(pg_store *s)
     free(s->sql_bury_one);
     free(s->sql_delete_one);
     free(s->sql_topic_stats);
+    free(s->sql_pending_topics);
     free(s->sql_stats);
     free(s->sql_kick);
     free(s->sql_purge);
@@ -1230,7 +1231,8 @@ static int build_sql(pg_store *s)
            (s->sql_list_page = rb_pg_subst_table(rb_pg_sql_list_page, t)) &&
            (s->sql_bury_one = rb_pg_subst_table(rb_pg_sql_bury_one, t)) &&
            (s->sql_delete_one = rb_pg_subst_table(rb_pg_sql_delete_one, t)) &&
-           (s->sql_topic_stats = rb_pg_subst_table(rb_pg_sql_topic_stats, t));
+           (s->sql_topic_stats = rb_pg_subst_table(rb_pg_sql_topic_stats, t)) &&
+           (s->sql_pending_topics = rb_pg_subst_table(rb_pg_sql_pending_topics, t));
 }
 
 /* ---- for operators: topic stats, bury one, delete one --------------------------------- */
@@ -1239,6 +1241,20 @@ static void pg_topic_stats(rb_store *bs, rb_rows_cb cb, void *ud)
     pg_store *s = (pg_store *)bs;
     pg_op *op = op_adhoc(s, s->sql_topic_stats, 1, pg_rows_done, ud);
     if (!op || !op_param_num(op, 0, RB_TOPIC_STATS_MAX, 1)) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", NULL);
+        return;
+    }
+    op->cb.rows = cb;
+    op_submit_now(s, op);
+}
+
+static void pg_pending_topics(rb_store *bs, size_t scan_max, rb_rows_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    pg_op *op = op_adhoc(s, s->sql_pending_topics, 2, pg_rows_done, ud);
+    if (!op || !op_param_num(op, 0, scan_max ? (double)scan_max : 1, 1) ||
+        !op_param_num(op, 1, RB_TOPIC_STATS_MAX, 1)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", NULL);
         return;
@@ -1285,6 +1301,7 @@ static const rb_store_vtable pg_vtable = {
     .stats = pg_stats,
     .kick = pg_kick,
     .topic_stats = pg_topic_stats,
+    .pending_topics = pg_pending_topics,
     .bury = pg_bury,
     .remove = pg_remove,
     .purge = pg_purge,

@@ -225,6 +225,11 @@ const char rb_pg_sql_topic_stats[] =
     " count(*) FILTER (WHERE status = 'completed') AS completed,"
     " count(*) FILTER (WHERE status = 'buried') AS buried"
     " FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
+/* The earliest due pending deliveries, at most $1: an ordered walk of "@T_due" that stops at
+ * the limit, so a table of millions of rows costs no more than a small one. */
+const char rb_pg_sql_pending_topics[] =
+    "SELECT topic, count(*) AS pending FROM (SELECT topic FROM \"@T\" WHERE status = 'pending'"
+    " ORDER BY " DUE ", id LIMIT $1::bigint) AS p GROUP BY topic ORDER BY topic LIMIT $2::bigint";
 const char rb_pg_sql_stats[] =
     "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'processing'),"
     " count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'buried'),"

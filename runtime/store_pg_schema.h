@@ -13,7 +13,7 @@ extern const char *const rb_pg_stmt_names[ST_COUNT];
 extern const char *const rb_pg_stmt_templates[ST_COUNT];
 /* The statements run unprepared (one-off parameters or rare). */
 extern const char rb_pg_sql_list[], rb_pg_sql_list_page[], rb_pg_sql_bury_one[],
-    rb_pg_sql_delete_one[], rb_pg_sql_topic_stats[], rb_pg_sql_stats[], rb_pg_sql_kick[],
+    rb_pg_sql_delete_one[], rb_pg_sql_topic_stats[], rb_pg_sql_pending_topics[], rb_pg_sql_stats[], rb_pg_sql_kick[],
     rb_pg_sql_purge[];
 
 /* "postgresql: " + msg on one line: libpq's messages carry newlines and tabs. */

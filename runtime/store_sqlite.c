@@ -644,14 +644,16 @@ static job_rc run_one(rb_sqlite *s, job *j)
     return conclude(j, rc, 1);
 }
 
-static job_rc run_topic_stats(rb_sqlite *s, job *j)
+/* Rows per topic: ?1 at most RB_TOPIC_STATS_MAX of them, ?2 (pending topics) j->limit. */
+static job_rc run_topic_rows(rb_sqlite *s, job *j, int which)
 {
     if (j->rows) { rb_rowset_free(j->rows); j->rows = NULL; }   /* a busy retry starts anew */
     sqlite3_stmt *st = NULL;
-    int rc = prep(s, j, ST_TOPIC_STATS, &st);
+    int rc = prep(s, j, which, &st);
     if (rc == SQLITE_OK && !(j->rows = new_rowset(st))) rc = SQLITE_NOMEM;
     if (rc == SQLITE_OK) {
         sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
+        if (which == ST_PENDING_TOPICS) sqlite3_bind_int64(st, 2, (sqlite3_int64)j->limit);
         while ((rc = step(s, j, st)) == SQLITE_ROW)
             if ((rc = add_row(j->rows, st)) != SQLITE_OK) break;
         if (rc == SQLITE_DONE) rc = SQLITE_OK;
@@ -661,6 +663,9 @@ static job_rc run_topic_stats(rb_sqlite *s, job *j)
     if (rc != SQLITE_OK && j->rows) { rb_rowset_free(j->rows); j->rows = NULL; }
     return conclude(j, rc, 1);
 }
+
+static job_rc run_topic_stats(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_TOPIC_STATS); }
+static job_rc run_pending_topics(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_PENDING_TOPICS); }
 
 static job_rc run_purge(rb_sqlite *s, job *j)
 {
@@ -928,6 +933,7 @@ static const job_type T_KICK = {run_kick, report_count};
 static const job_type T_PURGE = {run_purge, report_count};
 static const job_type T_ONE = {run_one, report_count};
 static const job_type T_TOPIC_STATS = {run_topic_stats, report_rows};
+static const job_type T_PENDING_TOPICS = {run_pending_topics, report_rows};
 static const job_type T_LEASE = {run_lease, report_lease};
 static const job_type T_BEGIN = {run_begin, report_tx};
 static const job_type T_EXEC = {run_exec, report_count};
@@ -1244,6 +1250,16 @@ static void sq_topic_stats(rb_store *base, rb_rows_cb cb, void *ud)
     submit(s, j);
 }
 
+static void sq_pending_topics(rb_store *base, size_t scan_max, rb_rows_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_PENDING_TOPICS, ud);
+    if (!j) { cb(ud, OOM, NULL); return; }
+    j->cb.rows = cb;
+    j->limit = scan_max ? scan_max : 1;
+    submit(s, j);
+}
+
 static void one_op(rb_store *base, int bury, const char *id, const char *reason,
                    rb_count_cb cb, void *ud)
 {
@@ -1419,6 +1435,7 @@ static const rb_store_vtable sqlite_vt = {
     .kick = sq_kick,
     .purge = sq_purge,
     .topic_stats = sq_topic_stats,
+    .pending_topics = sq_pending_topics,
     .bury = sq_bury,
     .remove = sq_remove,
     .lease = sq_lease,

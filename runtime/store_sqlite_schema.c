@@ -103,6 +103,11 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_TOPIC_STATS] = "SELECT topic, sum(status = 'pending') AS pending,"
         " sum(status = 'processing') AS processing, sum(status = 'completed') AS completed,"
         " sum(status = 'buried') AS buried FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
+    /* the earliest due pending deliveries, at most ?2, through "{t}_due" (its own WHERE term
+     * repeated: SQLite uses a partial index only for a query that states its condition) */
+    [ST_PENDING_TOPICS] = "SELECT topic, count(*) AS pending FROM (SELECT topic FROM \"{t}\""
+        " WHERE status IN ('pending','processing') AND status = 'pending' ORDER BY run_at LIMIT ?2)"
+        " GROUP BY topic ORDER BY topic LIMIT ?1",
     [ST_LEASE_ACQUIRE] = "INSERT INTO \"{t}_leases\" (name, token, expires_at, boot, until)"
         " VALUES (?1, ?2, ?3 + ?4, ?5, ?6 + ?4) ON CONFLICT (name) DO UPDATE"
         " SET token = excluded.token, expires_at = excluded.expires_at, boot = excluded.boot,"

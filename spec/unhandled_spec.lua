@@ -48,5 +48,30 @@ for _, entry in ipairs(S.list()) do
       assert.is_not_nil(utf8.len(err), "stderr is not UTF-8")
       assert.truthy(err:find('1 deliveries of topic "bad\u{FFFD}topic second line" are pending', 1, true), err)
     end)
+
+    it("reads at most the 10,000 earliest due pending deliveries, and says 'at least' when it hit that bound", function()
+      local script = S.tmpfile("unhandled_many") .. ".lua"
+      S.write(script, [[
+        local relaybus = require "relaybus"
+        local url, tbl = ...
+        local store = assert(relaybus.open(url, tbl ~= "-" and { table = tbl } or nil))
+        local list = {}
+        for i = 1, 10050 do list[i] = { "orders.creatd", { i = i } } end
+        assert(store:enqueue_many(list))
+        -- due after all of them: beyond the bound, so not counted
+        assert(store:enqueue("mail.send", { i = 0 }, { delay = 3600 }))
+        local d = relaybus.dispatcher(store, { poll_interval = 0.2 })
+        d:handle("orders.created", function() end)
+        d:start()
+        relaybus.spawn(function() relaybus.sleep(3.5); d:stop() end)
+        relaybus.run()
+      ]])
+      local code, _, err = S.run_command { S.bin, "run", script, url, opts.table or "-" }
+      assert.equal(0, code, err)
+      local _, n = err:gsub('at least 10000 deliveries of topic "orders.creatd" are pending and no dispatcher', "")
+      assert.equal(1, n, err)
+      assert.is_nil(err:find('"mail.send"', 1, true), err)
+      assert.is_nil(err:find('"orders.created"', 1, true), err)
+    end)
   end)
 end

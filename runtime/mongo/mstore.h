@@ -232,6 +232,7 @@ void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
               rb_count_cb cb, void *ud);
 /* operator.c, admin.c: for the dashboard */
 void mg_topic_stats(rb_store *st, rb_rows_cb cb, void *ud);
+void mg_pending_topics(rb_store *st, size_t scan_max, rb_rows_cb cb, void *ud);
 void mg_bury(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud);
 void mg_remove(rb_store *st, const char *id, rb_count_cb cb, void *ud);
 void mg_lease(rb_store *s, rb_lease_op op, const char *name, const char *token, double duration,

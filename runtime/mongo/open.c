@@ -197,6 +197,7 @@ static const rb_store_vtable mongo_vtable = {
     .kick = mg_kick,
     .purge = mg_purge,
     .topic_stats = mg_topic_stats,
+    .pending_topics = mg_pending_topics,
     .bury = mg_bury,
     .remove = mg_remove,
     .lease = mg_lease,

@@ -1,5 +1,7 @@
 /* operator.c -- the MongoDB store's counts per topic and status, for the dashboard: one
- * aggregation grouped by both, folded into one row per topic here. */
+ * aggregation grouped by both, folded into one row per topic here; and the counts of pending
+ * deliveries per topic among the earliest due, for the dispatcher's check for topics nobody
+ * handles. */
 #include <stdlib.h>
 #include <string.h>
 #include "mstore.h"
@@ -12,6 +14,7 @@ typedef struct topics_job {
     topic_row *rows;
     size_t nrows, cap;
     rb_rowset *rs;
+    size_t scan_max;        /* pending topics: at most this many deliveries; 0: topic stats */
 } topics_job;
 
 static int by_topic(const void *a, const void *b)
@@ -38,36 +41,53 @@ static topic_row *row_for(topics_job *q, const char *topic)
     return r;
 }
 
-static rb_rowset *to_rowset(topics_job *q)
+/* The rows as a rowset of topic and the counts of the first ncounts statuses. */
+static rb_rowset *to_rowset(topics_job *q, int ncounts)
 {
     static const char *const names[] = {"topic", "pending", "processing", "completed", "buried"};
+    int ncols = 1 + ncounts;
     rb_rowset *rs = rb_calloc(1, sizeof *rs);
     if (!rs) return NULL;
-    rs->names = rb_calloc(6, sizeof *rs->names);
-    rs->vals = rb_calloc(q->nrows * 5 + 1, sizeof *rs->vals);
+    rs->names = rb_calloc((size_t)ncols + 1, sizeof *rs->names);
+    rs->vals = rb_calloc(q->nrows * (size_t)ncols + 1, sizeof *rs->vals);
     if (!rs->names || !rs->vals) { rb_rowset_free(rs); return NULL; }
-    rs->ncols = 5;
-    for (int c = 0; c < 5; c++)
+    rs->ncols = ncols;
+    for (int c = 0; c < ncols; c++)
         if (!(rs->names[c] = rb_strdup(names[c]))) { rb_rowset_free(rs); return NULL; }
     for (size_t i = 0; i < q->nrows; i++) {
-        rb_value *v = &rs->vals[i * 5];
+        rb_value *v = &rs->vals[i * (size_t)ncols];
         v[0].type = RB_VTEXT;
         v[0].s = q->rows[i].topic;          /* moved into the rowset */
         v[0].len = strlen(q->rows[i].topic);
         q->rows[i].topic = NULL;
-        for (int c = 0; c < 4; c++) { v[c + 1].type = RB_VINT; v[c + 1].i = q->rows[i].n[c]; }
+        for (int c = 0; c < ncounts; c++) { v[c + 1].type = RB_VINT; v[c + 1].i = q->rows[i].n[c]; }
         rs->nrows++;
     }
     return rs;
+}
+
+/* The pipeline: all documents grouped by topic and status, or (pending topics) the earliest
+ * due pending ones, at most scan_max, through the {status, run_at} index, grouped by topic. */
+static bson_t *topics_pipeline(const topics_job *q)
+{
+    if (!q->scan_max)
+        return BCON_NEW("pipeline", "[", "{", "$group", "{", "_id", "{", "t", BCON_UTF8("$topic"),
+                        "s", BCON_UTF8("$status"), "}", "n", "{", "$sum", BCON_INT32(1), "}",
+                        "}", "}", "]");
+    return BCON_NEW("pipeline", "[",
+                    "{", "$match", "{", "status", BCON_UTF8("pending"), "}", "}",
+                    "{", "$sort", "{", "run_at", BCON_INT32(1), "}", "}",
+                    "{", "$limit", BCON_INT64((int64_t)q->scan_max), "}",
+                    "{", "$group", "{", "_id", "{", "t", BCON_UTF8("$topic"),
+                    "s", BCON_UTF8("$status"), "}", "n", "{", "$sum", BCON_INT32(1), "}", "}", "}",
+                    "]");
 }
 
 static void topics_work(mjob *j, mongoc_client_t *c)
 {
     topics_job *q = (topics_job *)j;
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
-    bson_t *pipe = BCON_NEW("pipeline", "[", "{", "$group", "{", "_id", "{", "t", BCON_UTF8("$topic"),
-                            "s", BCON_UTF8("$status"), "}", "n", "{", "$sum", BCON_INT32(1), "}",
-                            "}", "}", "]");
+    bson_t *pipe = topics_pipeline(q);
     mongoc_cursor_t *cur = mongoc_collection_aggregate(cl, MONGOC_QUERY_NONE, pipe, NULL, NULL);
     const bson_t *d;
     bson_error_t e;
@@ -92,7 +112,7 @@ static void topics_work(mjob *j, mongoc_client_t *c)
     else if (oom) mg_fail(j, "out of memory");
     else {
         if (q->nrows) qsort(q->rows, q->nrows, sizeof *q->rows, by_topic);   /* rows is NULL when none */
-        if (!(q->rs = to_rowset(q))) mg_fail(j, "out of memory");
+        if (!(q->rs = to_rowset(q, q->scan_max ? 1 : 4))) mg_fail(j, "out of memory");
     }
     mongoc_cursor_destroy(cur);
     bson_destroy(pipe);
@@ -112,10 +132,18 @@ static void topics_done(mjob *j, const char *err)
     cb(ud, err, rs);
 }
 
-void mg_topic_stats(rb_store *st, rb_rows_cb cb, void *ud)
+static void submit_topics(rb_store *st, size_t scan_max, rb_rows_cb cb, void *ud)
 {
     topics_job *q = mg_job_new((mstore *)st, sizeof *q, topics_work, topics_done,
                                (rb_store_cb){.rows = cb}, ud);
-    if (q) mg_submit((mstore *)st, &q->j);
-    else cb(ud, MG_OOM, NULL);
+    if (!q) { cb(ud, MG_OOM, NULL); return; }
+    q->scan_max = scan_max;
+    mg_submit((mstore *)st, &q->j);
+}
+
+void mg_topic_stats(rb_store *st, rb_rows_cb cb, void *ud) { submit_topics(st, 0, cb, ud); }
+
+void mg_pending_topics(rb_store *st, size_t scan_max, rb_rows_cb cb, void *ud)
+{
+    submit_topics(st, scan_max ? scan_max : 1, cb, ud);
 }
