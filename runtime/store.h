@@ -100,6 +100,12 @@ typedef enum rb_lease_op { RB_LEASE_ACQUIRE, RB_LEASE_EXTEND, RB_LEASE_RELEASE }
  * one row per topic, ordered by topic, at most RB_TOPIC_STATS_MAX rows. */
 #define RB_TOPIC_STATS_MAX 10000
 
+/* pending_topics' bound as the stores take it: 1 to INT32_MAX. */
+static inline size_t rb_scan_bound(size_t scan_max)
+{
+    return scan_max < 1 ? 1 : scan_max > INT32_MAX ? INT32_MAX : scan_max;
+}
+
 /* --- callbacks ------------------------------------------------------------------------- */
 typedef void (*rb_done_cb)(void *ud, const char *err);
 /* ids: n strings, valid during the callback */
@@ -176,13 +182,6 @@ typedef struct rb_store_vtable {
                   rb_count_cb cb, void *ud);
     /* For operators (the dashboard). Counts per topic and status (see RB_TOPIC_STATS_MAX). */
     void (*topic_stats)(rb_store *s, rb_rows_cb cb, void *ud);
-    /* Optional. Counts per topic of pending deliveries among at most scan_max of them (the
-     * earliest due, where an index gives that order): columns topic (text) and pending (int),
-     * by topic, at most RB_TOPIC_STATS_MAX rows. The cost is bounded by scan_max whatever the
-     * size of the table (0 is taken as 1); when the counts add up to scan_max they are lower
-     * bounds. The
-     * dispatcher's check for topics nobody handles uses it (else topic_stats). */
-    void (*pending_topics)(rb_store *s, size_t scan_max, rb_rows_cb cb, void *ud);
     /* Buries delivery `id` now when it is pending or processing (a running handler's lease
      * is taken away: its later writes are not applied), last_error = reason (may be NULL).
      * count: 1 when buried, 0 when no such live delivery. */
@@ -229,6 +228,15 @@ typedef struct rb_store_vtable {
      * and "mongodb: store closed" (every message ends in "store closed"). MongoDB first waits
      * for the calls its worker threads have in progress. */
     void (*close)(rb_store *s);
+
+    /* Optional (last, so hosts built against the vtable before it keep their offsets). Counts
+     * per topic of pending deliveries among at most scan_max of them (1 to INT32_MAX; others
+     * are clamped), the earliest due: columns topic (text) and pending (int), by topic, at
+     * most RB_TOPIC_STATS_MAX rows. Where the store's due index serves that order (PostgreSQL,
+     * SQLite, MongoDB; not FerretDB, which reads every pending document) the cost is bounded
+     * by scan_max whatever the size of the table. Counts that add up to scan_max are lower
+     * bounds. The dispatcher's check for topics nobody handles uses it (else topic_stats). */
+    void (*pending_topics)(rb_store *s, size_t scan_max, rb_rows_cb cb, void *ud);
 } rb_store_vtable;
 
 /* The common head of every store; each store file embeds it first in its own struct. */

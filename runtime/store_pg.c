@@ -1253,7 +1253,7 @@ static void pg_pending_topics(rb_store *bs, size_t scan_max, rb_rows_cb cb, void
 {
     pg_store *s = (pg_store *)bs;
     pg_op *op = op_adhoc(s, s->sql_pending_topics, 2, pg_rows_done, ud);
-    if (!op || !op_param_num(op, 0, scan_max ? (double)scan_max : 1, 1) ||
+    if (!op || !op_param_num(op, 0, (double)rb_scan_bound(scan_max), 1) ||
         !op_param_num(op, 1, RB_TOPIC_STATS_MAX, 1)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", NULL);

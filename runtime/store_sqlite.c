@@ -1256,7 +1256,7 @@ static void sq_pending_topics(rb_store *base, size_t scan_max, rb_rows_cb cb, vo
     job *j = new_job(s, NULL, &T_PENDING_TOPICS, ud);
     if (!j) { cb(ud, OOM, NULL); return; }
     j->cb.rows = cb;
-    j->limit = scan_max ? scan_max : 1;
+    j->limit = rb_scan_bound(scan_max);
     submit(s, j);
 }
 

@@ -163,12 +163,14 @@ describe("opening a store", function()
             return rows[1] and rows[1].c or ""
           end
           assert.truthy(settings():find("enable_seqscan=off", 1, true), settings())
-          -- what version 3 left: the function without its planner settings
+          -- what version 3 left: the function with only its sort, bitmap scan and JIT settings
           assert(store:transaction(function(tx)
             assert(tx:exec('ALTER FUNCTION "' .. t .. '_claim" RESET ALL'))
+            assert(tx:exec('ALTER FUNCTION "' .. t .. '_claim" SET enable_sort = off SET enable_bitmapscan = off SET jit = off'))
+            assert(tx:exec('DROP FUNCTION "' .. t .. '_pending_topics"'))
             return tx:exec("UPDATE relaybus_schema SET version = 3 WHERE table_name = $1", t)
           end))
-          assert.equal("", settings())
+          assert.is_nil(settings():find("enable_seqscan", 1, true))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
@@ -179,7 +181,12 @@ describe("opening a store", function()
             "enable_bitmapscan=off", "jit=off" } do
             assert.truthy(c:find(want, 1, true), c)
           end
-          -- settles alone go through the same function: one completes, a wrong token changes nothing
+          local ok, rows = store:transaction(function(tx)
+            return tx:query("SELECT count(*) AS n FROM pg_proc WHERE proname = $1", t .. "_pending_topics")
+          end)
+          assert.is_true(ok, rows)
+          assert.equal(1, tonumber(rows[1].n))
+          -- its deliveries run and complete under the new function
           local id = assert(store:enqueue("t", { n = 1 }))
           local d = H.dispatcher(store)
           local stop = H.stopper(d)

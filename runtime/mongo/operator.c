@@ -67,7 +67,8 @@ static rb_rowset *to_rowset(topics_job *q, int ncounts)
 }
 
 /* The pipeline: all documents grouped by topic and status, or (pending topics) the earliest
- * due pending ones, at most scan_max, through the {status, run_at} index, grouped by topic. */
+ * due pending ones, at most scan_max, grouped by topic: through the {status, run_at} index on
+ * MongoDB; FerretDB pushes down only _id lookups, so there every pending document is read. */
 static bson_t *topics_pipeline(const topics_job *q)
 {
     if (!q->scan_max)
@@ -145,5 +146,5 @@ void mg_topic_stats(rb_store *st, rb_rows_cb cb, void *ud) { submit_topics(st, 0
 
 void mg_pending_topics(rb_store *st, size_t scan_max, rb_rows_cb cb, void *ud)
 {
-    submit_topics(st, scan_max ? scan_max : 1, cb, ud);
+    submit_topics(st, rb_scan_bound(scan_max), cb, ud);
 }

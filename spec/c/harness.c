@@ -256,6 +256,10 @@ static void spy_topic_stats(rb_store *s, rb_rows_cb cb, void *ud)
 {
     REAL(s)->vt->topic_stats(REAL(s), cb, ud);
 }
+static void spy_pending_topics(rb_store *s, size_t scan_max, rb_rows_cb cb, void *ud)
+{
+    REAL(s)->vt->pending_topics(REAL(s), scan_max, cb, ud);
+}
 static void spy_bury(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
 {
     REAL(s)->vt->bury(REAL(s), id, reason, cb, ud);
@@ -373,6 +377,7 @@ static th_spy *spy_new(rb_store *real)
     p->vt.kick = spy_kick;
     p->vt.purge = spy_purge;
     p->vt.topic_stats = real->vt->topic_stats ? spy_topic_stats : NULL;
+    p->vt.pending_topics = real->vt->pending_topics ? spy_pending_topics : NULL;
     p->vt.bury = real->vt->bury ? spy_bury : NULL;
     p->vt.remove = real->vt->remove ? spy_remove : NULL;
     p->vt.lease = real->vt->lease ? spy_lease : NULL;
