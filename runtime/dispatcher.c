@@ -133,13 +133,14 @@ static void on_topic_rows(void *ud, const char *err, rb_rowset *rs)
     rb_store *s = ud;
     int tc = rs ? column(rs, "topic") : -1, pc = rs ? column(rs, "pending") : -1;
     size_t named = 0, more = 0;
-    /* counts that add up to the bound are lower bounds: more may be pending */
+    /* counts that add up to the bound are lower bounds: more may be pending (s is read only
+     * when rows came: an error may be the answer of a store being closed) */
     int64_t seen = 0;
     for (size_t r = 0; !err && pc >= 0 && r < rs->nrows; r++) {
         const rb_value *p = &rs->vals[r * (size_t)rs->ncols + (size_t)pc];
         if (p->type == RB_VINT && p->i > 0) seen += p->i;
     }
-    const char *at_least = s->vt->pending_topics && seen >= UNHANDLED_SCAN_MAX ? "at least " : "";
+    const char *at_least = seen >= UNHANDLED_SCAN_MAX && s->vt->pending_topics ? "at least " : "";
     for (size_t r = 0; !err && s->dispatchers && tc >= 0 && pc >= 0 && r < rs->nrows; r++) {
         const rb_value *t = &rs->vals[r * (size_t)rs->ncols + (size_t)tc];
         const rb_value *p = &rs->vals[r * (size_t)rs->ncols + (size_t)pc];
