@@ -733,9 +733,11 @@ static int l_stopwait_done(lua_State *L)
 static int l_dispatcher_stats(lua_State *L)
 {
     lua_dispatcher *ld = check_dispatcher(L, 1);
-    lua_createtable(L, 0, 3);
+    lua_createtable(L, 0, 4);
     lua_pushinteger(L, (lua_Integer)rb_dispatcher_active(ld->d));
     lua_setfield(L, -2, "active");
+    lua_pushinteger(L, (lua_Integer)rb_dispatcher_ahead(ld->d));
+    lua_setfield(L, -2, "ahead");
     lua_pushboolean(L, rb_dispatcher_running(ld->d));
     lua_setfield(L, -2, "running");
     lua_pushboolean(L, rb_dispatcher_stopping(ld->d));

@@ -206,6 +206,7 @@ rb_dispatcher *rb_dispatcher_new(rb_store *store, const rb_dispatcher_options *o
         return NULL;
     }
     d->margin = rb_lease_margin(d->opt.lease_duration);
+    d->claim_time = -1;     /* no claim measured yet */
     ev_prepare_init(&d->flush_watcher, disp_on_flush);
     d->flush_watcher.data = d;
     rb_idle_init(&d->spin_watcher, disp_on_spin);
@@ -262,6 +263,7 @@ int rb_dispatcher_start(rb_dispatcher *d)
 int rb_dispatcher_running(const rb_dispatcher *d) { return d->started && !d->stopped; }
 int rb_dispatcher_stopping(const rb_dispatcher *d) { return d->stopping && !d->stopped; }
 size_t rb_dispatcher_active(const rb_dispatcher *d) { return d->nactive; }
+size_t rb_dispatcher_ahead(const rb_dispatcher *d) { return d->nahead; }
 rb_store *rb_dispatcher_store(const rb_dispatcher *d) { return d->store; }
 
 static void finish_stop(rb_dispatcher *d)
@@ -381,6 +383,7 @@ void rb_dispatcher_stop(rb_dispatcher *d, double timeout, void (*done)(void *ud)
     d->hard_timer.w.data = d;
     rb_timer_start(d->loop, &d->grace_timer);
     rb_timer_start(d->loop, &d->hard_timer);
+    disp_release_ahead(d);
     disp_check_stop_done(d);
 }
 

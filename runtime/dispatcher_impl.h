@@ -42,17 +42,24 @@ typedef struct lane {
     int claimed;                /* it has claimed before: last_n means something */
     size_t last_n;              /* what its last claim brought */
     int blocked;                /* kept from claiming by other lanes' claims in flight */
+    /* Claimed ahead (dispatcher_claim.c): runs claimed beyond the free slots wait here, in
+     * claim order, and start as slots free. */
+    struct rb_run *ahead_head, *ahead_tail;
+    size_t nahead;
+    double run_time;            /* moving average of its handlers' run time (s); < 0 unknown */
+    double last_end;            /* monotonic s when one of its handlers last ended */
 } lane;
 
 /* A run's states, and the only moves between them (set_state checks each in debug builds, in
  * the manner of SQLite's pager states):
- *   WAITING   -> BEGINNING | RUNNING | SETTLING | SETTLED   (parked or just claimed)
+ *   WAITING   -> BEGINNING | RUNNING | SETTLING | SETTLED   (parked, claimed ahead, or just claimed)
  *   BEGINNING -> RUNNING | SETTLING | SETTLED               (transactional: BEGIN in flight)
  *   RUNNING   -> SETTLING | SETTLED                         (the handler runs)
  *   SETTLING  -> SETTLED                                    (the final write is in flight)
  * SETTLED is final; a run moves to it from anywhere only when freed with its dispatcher. */
 typedef enum {
-    RUN_WAITING,        /* parked behind an earlier unsettled run of the same delivery */
+    RUN_WAITING,        /* parked behind an earlier unsettled run of the same delivery, or
+                         * claimed ahead and waiting for a slot */
     RUN_BEGINNING,      /* transactional: waiting for the store transaction */
     RUN_RUNNING,        /* the handler runs */
     RUN_SETTLING,       /* the handler ended; its settle write is in flight */
@@ -73,6 +80,7 @@ struct rb_run {
     int refs;                   /* store operations in flight that point at this run */
     int renewing;
     double retry_delay;         /* s until the next try of a final write the store refused */
+    double claimed_at;          /* monotonic s when its lease began here */
     double started_at;          /* monotonic s when the handler started; 0 before */
     rb_outcome outcome;         /* what the run came to, for the settled event */
     char *outcome_error;        /* the last_error it wrote, owned */
@@ -89,6 +97,7 @@ struct rb_run {
     rb_tx *tx;
     void *data;
     rb_run *parked;             /* a newer claim of this delivery waiting for us to settle */
+    rb_run *ahead_next;         /* claimed ahead: the next in its lane's queue */
     rb_run *prev, *next;        /* the dispatcher's list of unsettled runs */
 };
 
@@ -133,6 +142,8 @@ struct rb_dispatcher {
     struct claim_ctx *claims;   /* claims in flight, detached by rb_dispatcher_free */
     size_t nactive;             /* unsettled runs, parked ones included */
     size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
+    size_t nahead;              /* of those, runs claimed ahead, waiting for a slot */
+    double claim_time;          /* moving average of a claim's round trip (s); < 0 unknown */
     rb_run *runs;               /* list of unsettled runs */
     RB_FIFO(settle_req) queue;  /* settle writes waiting for the flush */
     size_t queued;
@@ -170,6 +181,9 @@ void disp_maybe_quiet(rb_dispatcher *d);
 
 /* dispatcher_claim.c */
 int disp_make_lanes(rb_dispatcher *d);
+void disp_start_ahead(rb_dispatcher *d);
+void disp_release_ahead(rb_dispatcher *d);
+void disp_note_run_time(rb_dispatcher *d, size_t lane, double seconds);
 void disp_maybe_claim(rb_dispatcher *d);
 handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic);
 void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents);

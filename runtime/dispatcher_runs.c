@@ -339,6 +339,7 @@ rb_run *disp_run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, doubl
     run->store = d->store;
     run->h = h;
     run->rec = rec;
+    run->claimed_at = claimed_at;
     run->lease_deadline = claimed_at + d->opt.lease_duration - d->margin;
     run->outcome = RB_OUT_ABANDONED;    /* until a write says otherwise */
     run->timeout_deadline = INFINITY;
@@ -567,6 +568,7 @@ static void on_tx_ended(void *ud, const char *err)
 void rb_run_finish(rb_run *run, int ok, const char *error)
 {
     if (run->state != RUN_RUNNING) return;
+    disp_note_run_time(run->d, run->h->lane, rb_monotonic() - run->started_at);
     disp_set_settling(run);
     rb_timer_stop(run->d->loop, &run->renew_timer);
     rb_timer_stop(run->d->loop, &run->deadline_timer);
@@ -664,6 +666,10 @@ void disp_run_start(rb_run *run)
     if (run->h->def.timeout > 0)
         run->timeout_deadline = rb_monotonic() + run->h->def.timeout;
     disp_arm_deadline(run);
+    /* Renewals count from the claim, not the start: a run claimed ahead may have waited. */
+    double every = d->opt.lease_duration / 3;
+    double first = run->claimed_at + every - rb_monotonic();
+    rb_timer_set(&run->renew_timer, first > 0 ? first : 0, every);
     rb_timer_start(d->loop, &run->renew_timer);
     if (run->h->def.transactional) {
         disp_set_state(run, RUN_BEGINNING);

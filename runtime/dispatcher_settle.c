@@ -168,6 +168,9 @@ void disp_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
     (void)loop; (void)revents;
     rb_dispatcher *d = w->data;
     d->flushing = 1;
+    /* Runs claimed ahead take the slots freed since the last flush first: the settles of
+     * those that end at once then go out with this flush. */
+    disp_start_ahead(d);
     flush_settles(d);
     if (d->want_claim) {
         d->want_claim = 0;

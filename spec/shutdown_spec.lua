@@ -41,6 +41,57 @@ for _, entry in ipairs(S.list()) do
       end
     end)
 
+    it("deliveries claimed ahead of the slots are handed back by the stop at once, unrun, with no attempt", function()
+      local items = {}
+      for i = 1, 400 do items[i] = { "sd.ahead", i } end
+      local ids = assert(store:enqueue_many(items))
+      local d = H.dispatcher(store, { concurrency = 2 })
+      local stop = H.stopper(d)
+      local starts, hanging, seen_ahead, stopped_at, after = 0, 0, 0, nil, nil
+      local ran = {}
+      d:handle("sd.ahead", function(delivery, ctx)
+        starts = starts + 1
+        assert(not ran[delivery.id], "a delivery ran twice")
+        ran[delivery.id] = true
+        if starts <= 100 then return end        -- fast: the dispatcher learns to claim ahead
+        hanging = hanging + 1
+        while not ctx.signal.aborted do
+          local st = d:stats()
+          if hanging == 2 and st.ahead > 0 and not stopped_at then
+            seen_ahead, stopped_at = st.ahead, relaybus.now()
+            stop(1)
+            -- handed back at once: nothing waits for a slot, nothing more starts
+            relaybus.spawn(function()
+              relaybus.sleep(0.1)
+              after = d:stats()
+            end)
+          end
+          ctx:sleep(0.005)
+        end
+      end)
+      assert.is_true(H.run(d, 20))
+      assert.is_true(seen_ahead > 0, "nothing was claimed ahead of the 2 hanging runs")
+      assert.equal(2, hanging)
+      assert.equal(0, after.ahead)      -- 0.1 s into the stop: handed back at once
+      assert.equal(2, after.active)     -- only the hanging runs, until 4/5 of T
+      local completed, pending = 0, 0
+      for _, id in ipairs(ids) do
+        local r = assert(store:get(id))
+        if r.status == "completed" then
+          completed = completed + 1
+          assert.equal(1, r.attempts)
+          assert.is_true(ran[id])
+        else
+          pending = pending + 1
+          assert.equal("pending", r.status)
+          assert.equal(0, r.attempts)
+        end
+      end
+      assert.equal(100, completed)
+      assert.equal(300, pending)
+      assert.equal(102, starts)
+    end)
+
     it("handlers that finish within 4/5 of T complete, and stop returns once they have", function()
       local ids = assert(store:enqueue_many { { "sd.fin", 0.2 }, { "sd.fin", 0.5 }, { "sd.fin", 1.0 } })
       local d = H.dispatcher(store, { concurrency = 3 })

@@ -1,5 +1,7 @@
 /* claim_test.c -- claims in flight: never more handlers running than concurrency, no more
- * claims at once than the store's claim_parallelism, a claim answered after the dispatcher was
+ * claims at once than the store's claim_parallelism, claims ahead of the slots for handlers
+ * faster than a claim (never run early, handed back by a stop or past their lease), a claim
+ * answered after the dispatcher was
  * freed (its records freed, the deliveries left to their leases), a claim answered after the
  * runs' local deadline (released unrun, the attempt not counted), a failing claim retried at
  * the poll interval; rb_dispatcher_options_check and rb_dispatcher_handle refusing misuse. */
@@ -41,8 +43,12 @@ static void never_more_runs_than_concurrency(void **state)
     th_ids_free(&ids);
 }
 
+/* What a dispatcher may hold beyond its slots (docs/lua.md "Claiming ahead"): 4 times them. */
+#define AHEAD_MAX 4
+
 /* Claims answered 20 ms late, during a backlog: as many side by side as the store allows, and
- * no more; each fills a share of the slots. */
+ * no more; each fills a share of what the lane may hold (its slots and what it claims ahead
+ * for handlers of 10 ms). */
 static void claims_in_flight(void **state, int parallelism)
 {
     th_env *e = th_env_of(state);
@@ -65,16 +71,166 @@ static void claims_in_flight(void **state, int parallelism)
                   parallelism, e->spy->claim_calls, e->spy->max_claims_in_flight, h->max_running);
     int want = parallelism > 1 ? parallelism : 1;
     assert_int_equal(e->spy->max_claims_in_flight, want);
-    size_t share = (30 + (size_t)want - 1) / (size_t)want;
+    size_t share = (30 * (1 + AHEAD_MAX) + (size_t)want - 1) / (size_t)want;
     for (int i = 0; i < e->spy->claim_calls && i < TH_MAX_CALLS; i++)
         assert_true(e->spy->claim_limit[i] <= share);
-    assert_true(h->max_running <= 30);
+    assert_int_equal(h->max_running, 30);
     th_ids_free(&ids);
 }
 
 static void one_claim_at_a_time_without_parallelism(void **state) { claims_in_flight(state, 0); }
 static void claim_parallelism_two_is_respected(void **state) { claims_in_flight(state, 2); }
 static void claim_parallelism_three_is_respected(void **state) { claims_in_flight(state, 3); }
+
+/* Handlers of 2 ms and claims of 20 ms: claims ask for more than the free slots, the runs over
+ * them wait and start as slots free, never more than concurrency at once, each delivery run
+ * once. */
+static void fast_handlers_claim_ahead_of_the_slots(void **state)
+{
+    th_env *e = th_env_of(state);
+    e->spy->claim_delay = 0.02;
+    e->spy->delay_claims = -1;
+    th_ids ids = th_enqueue(e, T, 400, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 10;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_later;
+    h->delay = 0.002;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles == 400, 30);
+    assert_int_equal(h->settles, 400);
+    assert_int_equal(h->starts, 400);
+    assert_int_equal(h->max_running, 10);
+    size_t most = 0;
+    for (int i = 0; i < e->spy->claim_calls && i < TH_MAX_CALLS; i++) {
+        assert_true(e->spy->claim_limit[i] <= 10 * (1 + AHEAD_MAX));
+        if (e->spy->claim_limit[i] > most) most = e->spy->claim_limit[i];
+    }
+    print_message("# %d claims, the largest for %zu\n", e->spy->claim_calls, most);
+    assert_true(most > 10);
+    assert_int_equal(e->spy->kinds[RB_OP_RELEASE], 0);
+    for (size_t i = 0; i < ids.n; i++) {
+        rb_delivery *d = th_get(e, ids.id[i]);
+        assert_int_equal(d->status, RB_COMPLETED);
+        assert_int_equal(d->attempts, 1);
+        rb_delivery_free(d);
+    }
+    th_ids_free(&ids);
+}
+
+/* Ends fast until the handler's ctx points at a counter; then runs until aborted or finished
+ * by the test, counting those runs. */
+static void fast_then_hang(th_handler *h, th_run *r)
+{
+    if (h->ctx) ++*(int *)h->ctx;
+    else th_finish_after(r, 0.002, 1, NULL);
+}
+
+/* Slots taken by runs that hang, with more claimed ahead of them: a stop hands those back at
+ * once, unrun and without using an attempt. */
+static void a_stop_hands_back_what_was_claimed_ahead(void **state)
+{
+    th_env *e = th_env_of(state);
+    e->spy->claim_delay = 0.02;
+    e->spy->delay_claims = -1;
+    th_ids ids = th_enqueue(e, T, 300, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 4;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = fast_then_hang;
+    h->on_abort = th_abort_finish;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles >= 40, 20);
+    int hanging = 0;
+    h->ctx = &hanging;  /* from now on runs hang */
+    TH_RUN_UNTIL(e, hanging == 4 && h->running == 4 && rb_dispatcher_active(e->d) > 4, 20);
+    size_t ahead = rb_dispatcher_active(e->d) - 4;
+    int started = h->starts;
+    print_message("# %zu claimed ahead of 4 hanging runs\n", ahead);
+    assert_true(ahead > 0);
+    assert_int_equal(h->running, 4);
+    int released = e->spy->kinds[RB_OP_RELEASE];
+    rb_dispatcher_stop(e->d, 5, NULL, NULL);
+    th_run_for(e, 0.1);
+    assert_int_equal(h->starts, started);     /* none of them started */
+    /* (and what claims in flight then brought: they crossed the stop) */
+    assert_true(e->spy->kinds[RB_OP_RELEASE] - released >= (int)ahead);
+    assert_int_equal(rb_dispatcher_active(e->d), 4);   /* the hanging ones, until 4 s */
+    th_stop(e, 0.2);
+    size_t completed = 0, pending = 0;
+    for (size_t i = 0; i < ids.n; i++) {
+        rb_delivery *d = th_get(e, ids.id[i]);
+        if (d->status == RB_COMPLETED) {
+            completed++;
+            assert_int_equal(d->attempts, 1);
+        } else {
+            pending++;
+            assert_int_equal(d->status, RB_PENDING);
+            assert_int_equal(d->attempts, 0);   /* released: unrun or aborted by the stop */
+        }
+        rb_delivery_free(d);
+    }
+    assert_int_equal(completed + pending, 300);
+    assert_int_equal((int)completed, h->starts - 4);    /* all but the hanging ones */
+    th_ids_free(&ids);
+}
+
+/* Runs claimed ahead behind one that outlasts their lease (renewed, so it keeps its own) are
+ * handed back once they waited a third of it, before it ends: another process may take them.
+ * Here they are claimed again, and each runs once. */
+static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
+{
+    th_env *e = th_env_of(state);
+    e->spy->claim_delay = 0.02;
+    e->spy->delay_claims = -1;
+    th_ids ids = th_enqueue(e, T, 200, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 1;
+    o.lease_duration = 0.6;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = fast_then_hang;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->settles >= 20, 20);
+    int hung = 0;
+    int released = e->spy->kinds[RB_OP_RELEASE];
+    h->ctx = &hung;
+    double t0 = rb_monotonic();
+    /* (a claim is in flight nearly all the time: what it brings waits behind the hanging run) */
+    TH_RUN_UNTIL(e, hung == 1 && e->spy->kinds[RB_OP_RELEASE] > released, 5);
+    assert_int_equal(hung, 1);
+    th_run *hanging = h->live;
+    double took = rb_monotonic() - t0;
+    int handed_back = e->spy->kinds[RB_OP_RELEASE] - released;
+    print_message("# %d claimed ahead handed back after %.3f s (lease 0.6)\n",
+                  handed_back, took);
+    assert_true(handed_back > 0);
+    assert_true(took < 0.6);
+    TH_RUN_UNTIL(e, rb_dispatcher_active(e->d) == 1, 5);
+    assert_int_equal(rb_dispatcher_active(e->d), 1);    /* only the hanging run is held */
+    th_run_for(e, 0.4);                 /* past its first lease: renewed, it still runs */
+    assert_int_equal(h->running, 1);
+    assert_int_equal(rb_dispatcher_active(e->d), 1);    /* nothing claimed ahead again */
+    h->ctx = NULL;
+    th_finish(hanging, 1, NULL);
+    TH_RUN_UNTIL(e, th_stats(e).completed == 200, 30);
+    assert_int_equal(h->max_running, 1);
+    for (size_t i = 0; i < ids.n; i++) {
+        rb_delivery *d = th_get(e, ids.id[i]);
+        assert_int_equal(d->status, RB_COMPLETED);
+        assert_int_equal(d->attempts, 1);   /* the hand-back used no attempt */
+        rb_delivery_free(d);
+    }
+    th_ids_free(&ids);
+}
 
 static void a_claim_answered_after_free_frees_its_records(void **state)
 {
@@ -288,6 +444,12 @@ int main(void)
              claim_parallelism_two_is_respected),
         BOTH("claim_parallelism 3: three claims in flight during a backlog, never more",
              claim_parallelism_three_is_respected),
+        BOTH("handlers faster than a claim: claims ahead of the slots, never run more at once",
+             fast_handlers_claim_ahead_of_the_slots),
+        BOTH("a stop hands back what was claimed ahead, unrun, the attempts back",
+             a_stop_hands_back_what_was_claimed_ahead),
+        BOTH("runs claimed ahead behind a long one are handed back within their lease",
+             runs_claimed_ahead_are_handed_back_within_their_lease),
         BOTH("a claim answered after the dispatcher was freed frees its records",
              a_claim_answered_after_free_frees_its_records),
         BOTH("a claim answered past the runs' local deadline is released, the attempt back",
