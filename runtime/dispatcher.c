@@ -1,7 +1,8 @@
 /* dispatcher.c -- the claim / run / renew / settle cycle, on the host's libev loop.
  *
- * A dispatcher claims due deliveries in batches sized to its free slots, starts one run per
- * delivery through the topic's handler, renews each lease every third of its duration and
+ * A dispatcher claims due deliveries in batches sized to its free slots (and ahead of them
+ * for fast handlers: dispatcher_claim.c), starts one run per delivery through the topic's
+ * handler, renews each lease every third of its duration and
  * keeps a local deadline on the monotonic clock (measured from just before the claim or
  * renewal was sent, less a safety margin) so a run is aborted before the store's expiry lets
  * anyone else claim it. Settle writes made during one loop iteration are coalesced into one
@@ -207,6 +208,7 @@ rb_dispatcher *rb_dispatcher_new(rb_store *store, const rb_dispatcher_options *o
     }
     d->margin = rb_lease_margin(d->opt.lease_duration);
     d->claim_time = -1;     /* no claim measured yet */
+    disp_init_ahead(d);
     ev_prepare_init(&d->flush_watcher, disp_on_flush);
     d->flush_watcher.data = d;
     rb_idle_init(&d->spin_watcher, disp_on_spin);
@@ -275,6 +277,7 @@ static void finish_stop(rb_dispatcher *d)
     rb_timer_stop(d->loop, &d->poll_timer);
     rb_timer_stop(d->loop, &d->claim_retry_timer);
     rb_timer_stop(d->loop, &d->unhandled_timer);
+    rb_timer_stop(d->loop, &d->ahead_timer);
     /* Runs still unsettled are abandoned with their lease: it expires and another process
      * runs them again. Their late endings write nothing. */
     for (rb_run *run = d->runs; run; run = run->next) {
@@ -320,6 +323,7 @@ static void on_quiet(struct ev_loop *loop, ev_idle *w, int revents)
 
 void disp_check_stop_done(rb_dispatcher *d)
 {
+    if (d->releasing) return;   /* disp_release_ahead checks when it is done */
     if (d->stopping && !d->stopped && d->nactive == 0 && !d->claims) finish_stop(d);
     else disp_maybe_quiet(d);
 }
@@ -396,6 +400,7 @@ void rb_dispatcher_free(rb_dispatcher *d)
     rb_timer_stop(d->loop, &d->poll_timer);
     rb_timer_stop(d->loop, &d->claim_retry_timer);
     rb_timer_stop(d->loop, &d->unhandled_timer);
+    rb_timer_stop(d->loop, &d->ahead_timer);
     rb_timer_stop(d->loop, &d->grace_timer);
     rb_timer_stop(d->loop, &d->hard_timer);
     rb_idle_stop(d->loop, &d->quiet_watcher);

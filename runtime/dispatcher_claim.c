@@ -47,7 +47,8 @@ void disp_note_run_time(rb_dispatcher *d, size_t k, double seconds)
     d->lanes[k].last_end = rb_monotonic();
 }
 
-/* Runs of lane ln (or of d) that hold a slot: parked ones too, not those waiting ahead. */
+/* Runs of lane ln (or of d) that hold a slot: not those waiting for one (claimed ahead, or
+ * parked behind an earlier run of the same delivery: both count in nahead). */
 static size_t lane_running(const lane *ln) { return ln->nactive - ln->nsettling - ln->nahead; }
 static size_t disp_running(const rb_dispatcher *d) { return d->nactive - d->nsettling - d->nahead; }
 
@@ -55,75 +56,138 @@ static size_t disp_running(const rb_dispatcher *d) { return d->nactive - d->nset
 static size_t ahead_room(const rb_dispatcher *d, const lane *ln)
 {
     if (ln->run_time < 0 || d->claim_time <= 0) return 0;    /* nothing measured yet */
-    if (lane_running(ln) && rb_monotonic() - ln->last_end > 2 * ln->run_time + d->claim_time)
-        return 0;       /* its handlers run longer now than the average says */
+    double now = rb_monotonic(), stale = 2 * ln->run_time + d->claim_time;
+    /* None of its handlers ended lately while some run, or while every slot is taken (by
+     * other lanes): they run longer now than the average says, or cannot start. */
+    if (now - ln->last_end > stale &&
+        (lane_running(ln) || disp_running(d) >= (size_t)d->opt.concurrency))
+        return 0;
+    if (ln->ahead_head && now - ln->ahead_head->claimed_at > stale)
+        return 0;       /* what it claimed ahead does not start (other lanes hold the slots) */
     double most = (double)AHEAD_MAX * (double)ln->limit;
     double n = (double)ln->limit * d->claim_time / fmax(ln->run_time, 1e-6);
     return n >= most ? (size_t)most : (size_t)n;
 }
 
-static void ahead_push(rb_dispatcher *d, rb_run *run)
+/* A run waits for a slot: counted apart from the runs that hold one. */
+void disp_count_waiting(rb_dispatcher *d, rb_run *run, int n)
 {
     lane *ln = &d->lanes[run->h->lane];
-    run->ahead_next = NULL;
-    if (ln->ahead_tail) ln->ahead_tail->ahead_next = run;
-    else ln->ahead_head = run;
-    ln->ahead_tail = run;
-    ln->nahead++;
-    d->nahead++;
-}
-
-static rb_run *ahead_pop(rb_dispatcher *d, lane *ln)
-{
-    rb_run *run = ln->ahead_head;
-    if (!run) return NULL;
-    ln->ahead_head = run->ahead_next;
-    if (!ln->ahead_head) ln->ahead_tail = NULL;
-    run->ahead_next = NULL;
-    ln->nahead--;
-    d->nahead--;
-    return run;
-}
-
-/* Starts runs claimed ahead while slots are free, the lanes of higher priority first; hands
- * back those that waited a third of their lease. */
-void disp_start_ahead(rb_dispatcher *d)
-{
-    if (!d->nahead) return;
-    size_t concurrency = (size_t)d->opt.concurrency;
-    double now = rb_monotonic(), most_wait = d->opt.lease_duration / 3;
-    for (size_t k = 0; k < d->nlanes; k++) {
-        lane *ln = &d->lanes[k];
-        while (ln->ahead_head && d->started && !d->stopping && disp_running(d) < concurrency &&
-               lane_running(ln) < ln->limit)
-            disp_run_start(ahead_pop(d, ln));
-        /* (in claim order: the first that waited less ends the hand-back) */
-        while (ln->ahead_head && d->started && !d->stopping &&
-               now - ln->ahead_head->claimed_at >= most_wait) {
-            rb_run *run = ahead_pop(d, ln);
-            disp_set_settling(run);
-            disp_write_final(run, RB_OP_RELEASE, 0, NULL);
-        }
+    if (n > 0) {
+        ln->nahead++;
+        d->nahead++;
+    } else {
+        ln->nahead--;
+        d->nahead--;
     }
 }
 
+/* Queues a run for a slot: at the back (claimed ahead), or at the front (a parked run whose
+ * earlier run has settled: it was claimed before those behind it). */
+static void ahead_push(rb_dispatcher *d, rb_run *run, int front)
+{
+    lane *ln = &d->lanes[run->h->lane];
+    if (front) {
+        run->ahead_next = ln->ahead_head;
+        ln->ahead_head = run;
+        if (!ln->ahead_tail) ln->ahead_tail = run;
+    } else {
+        run->ahead_next = NULL;
+        if (ln->ahead_tail) ln->ahead_tail->ahead_next = run;
+        else ln->ahead_head = run;
+        ln->ahead_tail = run;
+    }
+    disp_count_waiting(d, run, +1);
+}
+
+/* Takes *at (a link of lane ln's queue) off the queue and returns it. */
+static rb_run *ahead_take(rb_dispatcher *d, lane *ln, rb_run **at, rb_run *prev)
+{
+    rb_run *run = *at;
+    *at = run->ahead_next;
+    if (ln->ahead_tail == run) ln->ahead_tail = prev;
+    run->ahead_next = NULL;
+    disp_count_waiting(d, run, -1);
+    return run;
+}
+
+static void on_ahead_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    disp_start_ahead(w->data);
+}
+
+void disp_init_ahead(rb_dispatcher *d)
+{
+    rb_timer_init(&d->ahead_timer, on_ahead_timer, 0, 0);
+    d->ahead_timer.w.data = d;
+}
+
+/* Hands back the runs of the queues that waited a third of their lease, and then starts
+ * runs claimed ahead while slots are free, the lanes of higher priority first. A timer comes
+ * back for the next hand-back: the loop may have nothing else to wake it (every slot held by
+ * runs that ignore their abort, a long poll_interval). */
+void disp_start_ahead(rb_dispatcher *d)
+{
+    if (!d->nahead) return;     /* (nothing queued: the timer, if armed, finds nothing) */
+    rb_timer_stop(d->loop, &d->ahead_timer);
+    size_t concurrency = (size_t)d->opt.concurrency;
+    double now = rb_monotonic(), most_wait = d->opt.lease_duration / 3, next = INFINITY;
+    for (size_t k = 0; k < d->nlanes && d->started && !d->stopping; k++) {
+        lane *ln = &d->lanes[k];
+        rb_run *prev = NULL;
+        for (rb_run **at = &ln->ahead_head; *at && d->started && !d->stopping;) {
+            if (now - (*at)->claimed_at < most_wait) {
+                prev = *at;
+                at = &(*at)->ahead_next;
+                continue;
+            }
+            rb_run *run = ahead_take(d, ln, at, prev);
+            disp_set_settling(run);
+            disp_write_final(run, RB_OP_RELEASE, 0, NULL);
+        }
+        while (ln->ahead_head && d->started && !d->stopping && disp_running(d) < concurrency &&
+               lane_running(ln) < ln->limit)
+            disp_run_start(ahead_take(d, ln, &ln->ahead_head, NULL));
+    }
+    for (size_t k = 0; k < d->nlanes && d->started && !d->stopping; k++)
+        for (rb_run *run = d->lanes[k].ahead_head; run; run = run->ahead_next)
+            if (run->claimed_at + most_wait < next) next = run->claimed_at + most_wait;
+    if (next < INFINITY) {
+        rb_timer_set(&d->ahead_timer, fmax(next - now, 0.001), 0);
+        rb_timer_start(d->loop, &d->ahead_timer);
+    }
+}
+
+/* A parked run whose earlier run settled waits for a slot first among its lane's. */
+void disp_unparked(rb_dispatcher *d, rb_run *run)
+{
+    ahead_push(d, run, 1);
+    disp_start_ahead(d);
+}
+
 /* A stop hands back every run claimed ahead, unrun and without using an attempt. They are
- * taken off their queues first: an answer that settles the last of them may end the stop,
- * and the host may free d then. */
+ * taken off their queues first, and the stop cannot end meanwhile (d->releasing): a write
+ * that cannot be made settles its run at once, and ending the stop calls the host, which may
+ * free d. The caller checks the stop afterwards. */
 void disp_release_ahead(rb_dispatcher *d)
 {
+    rb_timer_stop(d->loop, &d->ahead_timer);
     rb_run *all = NULL, **tail = &all;
     for (size_t k = 0; k < d->nlanes; k++)
-        for (rb_run *run; (run = ahead_pop(d, &d->lanes[k]));) {
+        while (d->lanes[k].ahead_head) {
+            rb_run *run = ahead_take(d, &d->lanes[k], &d->lanes[k].ahead_head, NULL);
             *tail = run;
             tail = &run->ahead_next;
         }
+    d->releasing = 1;
     for (rb_run *run = all, *next; run; run = next) {
         next = run->ahead_next;
         run->ahead_next = NULL;
         disp_set_settling(run);
         disp_write_final(run, RB_OP_RELEASE, 0, NULL);
     }
+    d->releasing = 0;
 }
 
 
@@ -225,6 +289,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
              * starts when the earlier one has settled. */
             while (earlier->parked) earlier = earlier->parked;
             earlier->parked = run;
+            disp_count_waiting(d, run, +1);     /* holds no slot while it waits */
             continue;
         }
         if (disp_active_add(d->store, run->rec->id, run) != 0) {
@@ -238,7 +303,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
             disp_write_final(run, RB_OP_RELEASE, 0, NULL);
             continue;
         }
-        ahead_push(d, run);     /* started below, in claim order, as far as slots are free */
+        ahead_push(d, run, 0);  /* started below, in claim order, as far as slots are free */
     }
     free(recs);
     disp_start_ahead(d);
@@ -268,14 +333,16 @@ static int claim_lane(rb_dispatcher *d, size_t k)
     size_t ahead = ahead_room(d, ln);
     size_t lane_limit = ln->limit + ahead;
     size_t concurrency = (size_t)d->opt.concurrency + ahead;
-    /* (what other lanes claimed ahead takes no slot from this one: it starts after this
-     * lane's runs, by priority, and only as slots free) */
-    size_t busy = disp_running(d) + ln->nahead + reserved;
+    /* (what lanes of lower priority claimed ahead takes no slot from this one: it starts
+     * after this lane's runs, and only as slots free; that of higher lanes starts first) */
+    size_t waiting_before = 0;
+    for (size_t j = 0; j <= k; j++) waiting_before += d->lanes[j].nahead;
+    size_t busy = disp_running(d) + waiting_before + reserved;
     size_t lane_busy = ln->nactive - ln->nsettling + lane_reserved;
     if (lane_busy >= lane_limit) return 0;
     if (busy >= concurrency) {
         /* the other lanes' claims in flight hold the slots: claim_after asks again */
-        if (disp_running(d) + ln->nahead < concurrency) ln->blocked = 1;
+        if (disp_running(d) + waiting_before < concurrency) ln->blocked = 1;
         return 0;
     }
     size_t free_slots = concurrency - busy;

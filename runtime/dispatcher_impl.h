@@ -2,7 +2,7 @@
  * run states, and the functions one file calls in another. The dispatcher is one object in
  * four files:
  *   dispatcher.c           options, lifecycle (new, handle, start, stop, free), events, wake-ups
- *   dispatcher_claim.c     lanes and claiming: batches sized to the free slots
+ *   dispatcher_claim.c     lanes and claiming: batches sized to the free slots, claiming ahead
  *   dispatcher_runs.c      one run: start, renewals, deadline, abort, finish, the registry
  *   dispatcher_settle.c    settle writes coalesced per loop iteration, explicit settles
  * Names shared between them start with disp_ (hidden from the library's users). */
@@ -45,7 +45,7 @@ typedef struct lane {
     /* Claimed ahead (dispatcher_claim.c): runs claimed beyond the free slots wait here, in
      * claim order, and start as slots free. */
     struct rb_run *ahead_head, *ahead_tail;
-    size_t nahead;
+    size_t nahead;              /* runs waiting for a slot: queued here, or parked */
     double run_time;            /* moving average of its handlers' run time (s); < 0 unknown */
     double last_end;            /* monotonic s when one of its handlers last ended */
 } lane;
@@ -142,7 +142,9 @@ struct rb_dispatcher {
     struct claim_ctx *claims;   /* claims in flight, detached by rb_dispatcher_free */
     size_t nactive;             /* unsettled runs, parked ones included */
     size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
-    size_t nahead;              /* of those, runs claimed ahead, waiting for a slot */
+    size_t nahead;              /* of those, runs waiting for a slot: claimed ahead, or parked */
+    rb_timer ahead_timer;       /* the next hand-back of a run claimed ahead */
+    int releasing;              /* a stop hands back what was claimed ahead: it cannot end yet */
     double claim_time;          /* moving average of a claim's round trip (s); < 0 unknown */
     rb_run *runs;               /* list of unsettled runs */
     RB_FIFO(settle_req) queue;  /* settle writes waiting for the flush */
@@ -181,8 +183,11 @@ void disp_maybe_quiet(rb_dispatcher *d);
 
 /* dispatcher_claim.c */
 int disp_make_lanes(rb_dispatcher *d);
+void disp_init_ahead(rb_dispatcher *d);
 void disp_start_ahead(rb_dispatcher *d);
 void disp_release_ahead(rb_dispatcher *d);
+void disp_count_waiting(rb_dispatcher *d, rb_run *run, int n);
+void disp_unparked(rb_dispatcher *d, rb_run *run);
 void disp_note_run_time(rb_dispatcher *d, size_t lane, double seconds);
 void disp_maybe_claim(rb_dispatcher *d);
 handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic);

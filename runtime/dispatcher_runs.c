@@ -282,7 +282,7 @@ void disp_on_renewed(settle_req *r, const char *err)
 {
     rb_run *run = r->run;
     run->renewing = 0;
-    if (run->state != RUN_RUNNING || run->aborted) return;
+    if ((run->state != RUN_RUNNING && run->state != RUN_BEGINNING) || run->aborted) return;
     if (err) {
         /* The store could not be asked: keep the old deadline; the next tick tries again. */
         static rb_log_limit lim;
@@ -308,7 +308,11 @@ static void on_renew_tick(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     rb_run *run = w->data;
-    if (run->state != RUN_RUNNING || run->aborted || run->renewing) return;
+    /* (a transactional run renews while its transaction begins too: a run that waited for its
+     * slot may be due at once) */
+    if ((run->state != RUN_RUNNING && run->state != RUN_BEGINNING) || run->aborted ||
+        run->renewing)
+        return;
     /* A process that was frozen past its deadline must abort, not renew. */
     if (rb_run_check(run)) return;
     settle_req *r = disp_settle_new(run, RB_OP_EXTEND, run->d->opt.lease_duration, NULL, disp_on_renewed);
@@ -415,13 +419,14 @@ void disp_run_settled(rb_run *run)
     rb_run *parked = run->parked;
     run->parked = NULL;
     if (parked) {
+        disp_count_waiting(d, parked, -1);
         if (disp_active_add(d->store, parked->rec->id, parked) != 0) {
             disp_run_settled(parked);    /* out of memory: the lease expires, another takes it */
         } else if (parked->d->stopping) {
             disp_set_settling(parked);   /* never started: hand the claim back */
             disp_write_final(parked, RB_OP_RELEASE, 0, NULL);
         } else {
-            disp_run_start(parked);
+            disp_unparked(d, parked);    /* it starts when a slot is free */
         }
     }
     run->refs++;

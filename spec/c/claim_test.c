@@ -232,6 +232,127 @@ static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
     th_ids_free(&ids);
 }
 
+/* A lane of higher priority whose runs hang holds every slot: the fast lane behind it, which
+ * learnt to claim ahead, neither runs more than the slots allow nor keeps claiming ahead what
+ * it cannot start (each batch would wait a third of its lease, kept from other processes,
+ * and go back). Settle answers come late, so handed-back deliveries may come back parked. */
+static th_handler *hanging_lane;
+static int most_at_once;
+static void fast_counting(th_handler *h, th_run *r)
+{
+    int now = h->running + (hanging_lane ? hanging_lane->running : 0);
+    if (now > most_at_once) most_at_once = now;
+    th_finish_after(r, 0.002, 1, NULL);
+}
+
+static void a_lane_behind_full_slots_does_not_hoard(void **state)
+{
+    th_env *e = th_env_of(state);
+    e->spy->claim_delay = 0.02;
+    e->spy->delay_claims = -1;
+    th_ids fast = th_enqueue(e, "fast", 100, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 4;
+    o.lease_duration = 0.9;
+    th_dispatcher(e, &o);
+    th_handler *f = th_new_handler(e);
+    f->on_start = fast_counting;
+    th_handler *s = th_new_handler(e);
+    s->def.priority = 10;
+    s->def.concurrency = 4;
+    hanging_lane = s;
+    most_at_once = 0;
+    th_handle(e, f, "fast");
+    th_handle(e, s, "slow");
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, f->settles >= 100, 20);
+    th_ids slow = th_enqueue(e, "slow", 4, 0, 0);
+    rb_dispatcher_wake(e->d);
+    TH_RUN_UNTIL(e, s->running == 4, 20);
+    int released = e->spy->kinds[RB_OP_RELEASE], claims = e->spy->claim_calls;
+    th_ids more = th_enqueue(e, "fast", 12, 0, 0);
+    rb_dispatcher_wake(e->d);
+    e->spy->settle_delay = 0.1;
+    size_t most_ahead = 0;
+    double t0 = rb_monotonic();
+    while (rb_monotonic() - t0 < 2.0) {
+        th_run_for(e, 0.02);
+        if (rb_dispatcher_ahead(e->d) > most_ahead) most_ahead = rb_dispatcher_ahead(e->d);
+        assert_true(s->running + f->running <= 4);
+    }
+    int handed_back = e->spy->kinds[RB_OP_RELEASE] - released;
+    print_message("# behind 4 hanging runs: %d claims, at most %zu waiting, %d handed back in 2 s\n",
+                  e->spy->claim_calls - claims, most_ahead, handed_back);
+    assert_true(most_at_once <= 4);
+    assert_int_equal(s->running, 4);
+    assert_int_equal(f->starts, 100);               /* no slot: none of the 12 ran */
+    assert_true(handed_back <= 12);                 /* at most one round of them, not a churn */
+    assert_true(rb_dispatcher_ahead(e->d) <= 12);
+    hanging_lane = NULL;
+    th_ids_free(&fast);
+    th_ids_free(&slow);
+    th_ids_free(&more);
+}
+
+/* The first run of "x" fails at once; every other run hangs until the test ends it. */
+static char failing_id[24];
+static void fail_x_once_hang_others(th_handler *h, th_run *r)
+{
+    (void)h;
+    if (strcmp(r->id, failing_id) == 0 && r->attempts == 1) th_finish(r, 0, "boom");
+}
+
+static double no_backoff(int attempts, void *ud) { (void)attempts; (void)ud; return 0; }
+
+/* A run of h that is still running (its handler not finished), or NULL. */
+static th_run *running_one(th_handler *h)
+{
+    for (th_run *r = h->live; r; r = r->next)
+        if (r->run) return r;
+    return NULL;
+}
+
+/* A delivery claimed again while our earlier run of it still settles waits (parked) without a
+ * slot, so other deliveries fill the slots meanwhile; once the earlier run has settled, it
+ * waits for a free slot like one claimed ahead: never more runs at once than concurrency. */
+static void a_parked_run_waits_for_a_slot(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids x = th_enqueue(e, T, 1, 0, 0);
+    snprintf(failing_id, sizeof failing_id, "%s", x.id[0]);
+    th_ids hang = th_enqueue(e, T, 3, 0.3, 0);
+    e->spy->settle_delay = 0.6;     /* the failed run's reschedule is answered late */
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 2;
+    o.backoff = no_backoff;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = fail_x_once_hang_others;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, h->running == 2, 10);           /* two of the later ones */
+    assert_int_equal(h->starts, 3);
+    th_run_for(e, 0.8);                             /* the reschedule is answered */
+    assert_int_equal(h->running, 2);
+    assert_int_equal(h->max_running, 2);
+    assert_int_equal(h->starts, 3);                 /* x waits for a slot */
+    assert_true(rb_dispatcher_ahead(e->d) >= 1);
+    th_finish(running_one(h), 1, NULL);             /* a slot frees: x (or the third) runs */
+    TH_RUN_UNTIL(e, h->starts == 4, 10);
+    assert_int_equal(h->max_running, 2);
+    for (int i = 0; i < 40 && th_stats(e).completed < 4; i++) {
+        th_run *r = running_one(h);
+        if (r) th_finish(r, 1, NULL);
+        th_run_for(e, 0.1);
+    }
+    assert_int_equal(th_stats(e).completed, 4);
+    assert_int_equal(h->max_running, 2);
+    th_ids_free(&x);
+    th_ids_free(&hang);
+}
+
 static void a_claim_answered_after_free_frees_its_records(void **state)
 {
     th_env *e = th_env_of(state);
@@ -450,6 +571,10 @@ int main(void)
              a_stop_hands_back_what_was_claimed_ahead),
         BOTH("runs claimed ahead behind a long one are handed back within their lease",
              runs_claimed_ahead_are_handed_back_within_their_lease),
+        BOTH("a lane behind slots held by a higher one neither overruns them nor hoards",
+             a_lane_behind_full_slots_does_not_hoard),
+        BOTH("a delivery claimed again while its earlier run settles waits for a slot",
+             a_parked_run_waits_for_a_slot),
         BOTH("a claim answered after the dispatcher was freed frees its records",
              a_claim_answered_after_free_frees_its_records),
         BOTH("a claim answered past the runs' local deadline is released, the attempt back",
