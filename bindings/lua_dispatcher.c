@@ -497,7 +497,7 @@ static void on_quiet(rb_dispatcher *d, void *ud)
 
 static const char *const dispatcher_opts[] = {
     "lease_duration", "shutdown_timeout", "concurrency", "poll_interval", "backoff",
-    "retention", NULL};
+    "retention", "claim_ahead", NULL};
 
 int rb_lua_dispatcher_new(lua_State *L)
 {
@@ -513,6 +513,10 @@ int rb_lua_dispatcher_new(lua_State *L)
     if (!(conc >= 1) || conc != floor(conc) || conc > RB_MAX_CONCURRENCY)
         rb_misuse(L, "dispatcher: concurrency must be an integer from 1 to 1000000");
     o.concurrency = (int)conc;
+    double ahead = rb_opt_number(L, 2, "claim_ahead", o.claim_ahead);
+    if (!(ahead >= 0) || ahead != floor(ahead) || ahead > RB_MAX_CLAIM_AHEAD)
+        rb_misuse(L, "dispatcher: claim_ahead must be an integer from 0 to 100");
+    o.claim_ahead = (int)ahead;
     char why[160];
     if (rb_dispatcher_options_check(&o, why, sizeof why) != 0) rb_misuse(L, "dispatcher: %s", why);
     lua_dispatcher *ld = lua_newuserdatauv(L, sizeof *ld, 1);

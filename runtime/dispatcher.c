@@ -74,6 +74,7 @@ void rb_dispatcher_options_init(rb_dispatcher_options *o)
     o->shutdown_timeout = 30;
     o->poll_interval = 1;
     o->concurrency = 64;
+    o->claim_ahead = 4;
 }
 
 /* ---- local wake-ups: every dispatcher on a store hears this process's enqueues ---------- */
@@ -186,6 +187,8 @@ int rb_dispatcher_options_check(const rb_dispatcher_options *o, char *err, size_
         why = "poll_interval must be a number of seconds above 0, at most 100 years";
     else if (o->concurrency < 1 || o->concurrency > RB_MAX_CONCURRENCY)
         why = "concurrency must be an integer from 1 to 1000000";
+    else if (o->claim_ahead < 0 || o->claim_ahead > RB_MAX_CLAIM_AHEAD)
+        why = "claim_ahead must be an integer from 0 to 100";
     if (why && err && errlen) snprintf(err, errlen, "%s", why);
     return why ? -1 : 0;
 }

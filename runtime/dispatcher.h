@@ -89,11 +89,15 @@ typedef struct rb_dispatcher_options {
     /* lifecycle events (optional; more listeners with rb_dispatcher_on_event) */
     rb_event_fn on_event;
     void *on_event_ud;
+    /* Claiming ahead (docs/lua.md "Claiming ahead"): at most this many times the slots are
+     * claimed beyond them for handlers faster than a claim's round trip; 0 never. Default 4. */
+    int claim_ahead;
 } rb_dispatcher_options;
 
 void rb_dispatcher_options_init(rb_dispatcher_options *o);
 #define RB_MIN_LEASE 0.01
 #define RB_MAX_CONCURRENCY 1000000
+#define RB_MAX_CLAIM_AHEAD 100
 /* 0 when every option is in range (durations finite, within clock.h's limits); else -1 with
  * the reason in err. */
 int rb_dispatcher_options_check(const rb_dispatcher_options *o, char *err, size_t errlen);

@@ -27,13 +27,13 @@ handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic)
  * claim is out: at 64 slots a drain of no-ops ran at 64 per round trip. So a lane claims ahead
  * of its free slots as many deliveries as its handlers are expected to finish while a claim
  * is out (its slots times the round trip over the handlers' average run time), at most
- * AHEAD_MAX times its slots. Those wait here, leased, in claim order, and start as slots
+ * claim_ahead (an option, 4 by default) times its slots; only a dispatcher of one lane (no
+ * handler with a concurrency or priority of its own). Those wait here, leased, in claim order, and start as slots
  * free. Slow handlers claim nothing ahead, and neither does a lane whose handlers stopped
  * ending as fast as they did (none ended in twice their average run time and a claim): no
  * delivery waits here much longer than the round trip another process could have run it in.
  * One that still waited a third of its lease (when a run would renew it) is handed back
  * unrun, without using an attempt; a stop hands all of them back at once. */
-#define AHEAD_MAX 4
 #define AVERAGE_WEIGHT 0.2      /* of the newest sample in the moving averages */
 
 static double moving_average(double avg, double sample)
@@ -55,6 +55,9 @@ static size_t disp_running(const rb_dispatcher *d) { return d->nactive - d->nset
 /* How many deliveries lane ln may hold beyond its slots. */
 static size_t ahead_room(const rb_dispatcher *d, const lane *ln)
 {
+    /* Beside other lanes a queue claimed ahead would take the slots that a lane of higher
+     * priority should get by claiming first when they free: only a single lane claims ahead. */
+    if (!d->opt.claim_ahead || d->nlanes > 1) return 0;
     if (ln->run_time < 0 || d->claim_time <= 0) return 0;    /* nothing measured yet */
     double now = rb_monotonic(), stale = 2 * ln->run_time + d->claim_time;
     /* None of its handlers ended lately while some run, or while every slot is taken (by
@@ -64,7 +67,7 @@ static size_t ahead_room(const rb_dispatcher *d, const lane *ln)
         return 0;
     if (ln->ahead_head && now - ln->ahead_head->claimed_at > stale)
         return 0;       /* what it claimed ahead does not start (other lanes hold the slots) */
-    double most = (double)AHEAD_MAX * (double)ln->limit;
+    double most = (double)d->opt.claim_ahead * (double)ln->limit;
     double n = (double)ln->limit * d->claim_time / fmax(ln->run_time, 1e-6);
     return n >= most ? (size_t)most : (size_t)n;
 }
@@ -303,7 +306,12 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
             disp_write_final(run, RB_OP_RELEASE, 0, NULL);
             continue;
         }
-        ahead_push(d, run, 0);  /* started below, in claim order, as far as slots are free */
+        lane *ln = &d->lanes[run->h->lane];
+        if (!ln->ahead_head && disp_running(d) < (size_t)d->opt.concurrency &&
+            lane_running(ln) < ln->limit)
+            disp_run_start(run);
+        else
+            ahead_push(d, run, 0);  /* waits for a slot, in claim order */
     }
     free(recs);
     disp_start_ahead(d);

@@ -810,6 +810,26 @@ for _, entry in ipairs(S.list { dialects = true }) do
           H.raises_relaybus(d.handle, d, "ln.bad", function() end, o)
         end
       end)
+
+      it("a dispatcher refuses a claim_ahead that is not an integer from 0 to 100, and claim_ahead = 0 runs all", function()
+        for _, v in ipairs { -1, 0.5, 101, math.huge, 0 / 0, "4" } do
+          H.raises_relaybus(relaybus.dispatcher, store, { claim_ahead = v })
+        end
+        local items = {}
+        for i = 1, 300 do items[i] = { "ca.zero", i } end
+        assert(store:enqueue_many(items))
+        local d = H.dispatcher(store, { claim_ahead = 0, concurrency = 4 })
+        local runs, most_ahead = 0, 0
+        d:handle("ca.zero", function()
+          runs = runs + 1
+          most_ahead = math.max(most_ahead, d:stats().ahead)
+          if runs == 300 then relaybus.spawn(function() d:stop() end) end
+        end)
+        assert.is_true(H.run(d, 30))
+        assert.equal(300, runs)
+        assert.equal(0, most_ahead)
+        assert.equal(300, assert(store:stats()).completed)
+      end)
     end)
 
     describe("lifecycle events", function()

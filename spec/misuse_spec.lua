@@ -92,7 +92,9 @@ local function sequence(seed, url, opts, steps)
       local s = pick(stores); if not s then return end
       local o = pick { { lease_duration = LEASE, poll_interval = 0.02, shutdown_timeout = 0.3, backoff = function() return 0 end },
                        { lease_duration = LEASE, concurrency = rnd(1, 4), poll_interval = 0.02, shutdown_timeout = 0.2 },
-                       { lease_duration = -1 }, { concurrency = 0.5 }, { nope = true } }
+                       { lease_duration = LEASE, claim_ahead = rnd(0, 4), poll_interval = 0.02, shutdown_timeout = 0.2 },
+                       { lease_duration = -1 }, { concurrency = 0.5 }, { claim_ahead = -1 }, { claim_ahead = 0.5 },
+                       { claim_ahead = 101 }, { claim_ahead = 0 / 0 }, { claim_ahead = "4" }, { nope = true } }
       local d = call("dispatcher", relaybus.dispatcher, s, o)
       if d then
         call("handle", d.handle, d, "m.t", pick(handlers), pick { nil, { timeout = 0.2 }, { transactional = rnd() < 0.3 } })
