@@ -326,7 +326,7 @@ static void on_quiet(struct ev_loop *loop, ev_idle *w, int revents)
 
 void disp_check_stop_done(rb_dispatcher *d)
 {
-    if (d->releasing) return;   /* disp_release_ahead checks when it is done */
+    if (d->stop_held) return;   /* the loop that holds it checks when it is done */
     if (d->stopping && !d->stopped && d->nactive == 0 && !d->claims) finish_stop(d);
     else disp_maybe_quiet(d);
 }

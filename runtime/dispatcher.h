@@ -121,7 +121,8 @@ void rb_dispatcher_stop(rb_dispatcher *d, double timeout, void (*done)(void *ud)
 int rb_dispatcher_running(const rb_dispatcher *d);   /* started and not fully stopped */
 int rb_dispatcher_stopping(const rb_dispatcher *d);
 size_t rb_dispatcher_active(const rb_dispatcher *d); /* runs not yet settled */
-size_t rb_dispatcher_ahead(const rb_dispatcher *d);  /* of those, claimed ahead of the slots */
+/* of those, runs waiting for a slot: claimed ahead of the slots, or parked */
+size_t rb_dispatcher_ahead(const rb_dispatcher *d);
 rb_store *rb_dispatcher_store(const rb_dispatcher *d);
 /* Adds (or removes) a listener of lifecycle events. on returns 0, or -1 out of memory. */
 int rb_dispatcher_on_event(rb_dispatcher *d, rb_event_fn fn, void *ud);

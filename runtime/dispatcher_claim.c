@@ -27,8 +27,8 @@ handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic)
  * claim is out: at 64 slots a drain of no-ops ran at 64 per round trip. So a lane claims ahead
  * of its free slots as many deliveries as its handlers are expected to finish while a claim
  * is out (its slots times the round trip over the handlers' average run time), at most
- * claim_ahead (an option, 4 by default) times its slots; only a dispatcher of one lane (no
- * handler with a concurrency or priority of its own). Those wait here, leased, in claim order, and start as slots
+ * claim_ahead (an option, 4 by default) times its slots; only a dispatcher of one lane (its
+ * handlers share one priority and none has a concurrency of its own, or it has one handler). Those wait here, leased, in claim order, and start as slots
  * free. Slow handlers claim nothing ahead, and neither does a lane whose handlers stopped
  * ending as fast as they did (none ended in twice their average run time and a claim): no
  * delivery waits here much longer than the round trip another process could have run it in.
@@ -101,6 +101,7 @@ static void ahead_push(rb_dispatcher *d, rb_run *run, int front)
         ln->ahead_tail = run;
     }
     disp_count_waiting(d, run, +1);
+    d->ahead_due = fmin(d->ahead_due, run->claimed_at + d->opt.lease_duration / 3);
 }
 
 /* Takes *at (a link of lane ln's queue) off the queue and returns it. */
@@ -122,42 +123,64 @@ static void on_ahead_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 void disp_init_ahead(rb_dispatcher *d)
 {
+    d->ahead_due = INFINITY;
     rb_timer_init(&d->ahead_timer, on_ahead_timer, 0, 0);
     d->ahead_timer.w.data = d;
 }
 
-/* Hands back the runs of the queues that waited a third of their lease, and then starts
- * runs claimed ahead while slots are free, the lanes of higher priority first. A timer comes
- * back for the next hand-back: the loop may have nothing else to wake it (every slot held by
- * runs that ignore their abort, a long poll_interval). */
+/* Whether runs may start or be handed back now: not once a stop began, nor inside
+ * rb_dispatcher_free's finish_stop (stopped without stopping). */
+static int may_start(const rb_dispatcher *d) { return d->started && !d->stopping && !d->stopped; }
+
+/* Hands back the queued runs that waited a third of their lease (walking the queues only when
+ * the earliest is due), and then starts queued runs while slots are free, the lanes of higher
+ * priority first. A timer comes back for the next hand-back: the loop may have nothing else to
+ * wake it (every slot held by runs that ignore their abort, a long poll_interval). A call made
+ * inside one (a run that settles at once, with a parked successor) only asks the outer one to
+ * go round again. */
 void disp_start_ahead(rb_dispatcher *d)
 {
     if (!d->nahead) return;     /* (nothing queued: the timer, if armed, finds nothing) */
+    if (d->starting_ahead) {
+        d->start_ahead_again = 1;
+        return;
+    }
+    d->starting_ahead = 1;
     rb_timer_stop(d->loop, &d->ahead_timer);
     size_t concurrency = (size_t)d->opt.concurrency;
-    double now = rb_monotonic(), most_wait = d->opt.lease_duration / 3, next = INFINITY;
-    for (size_t k = 0; k < d->nlanes && d->started && !d->stopping; k++) {
-        lane *ln = &d->lanes[k];
-        rb_run *prev = NULL;
-        for (rb_run **at = &ln->ahead_head; *at && d->started && !d->stopping;) {
-            if (now - (*at)->claimed_at < most_wait) {
-                prev = *at;
-                at = &(*at)->ahead_next;
-                continue;
+    double most_wait = d->opt.lease_duration / 3;
+    do {
+        d->start_ahead_again = 0;
+        double now = rb_monotonic();
+        if (now >= d->ahead_due) {
+            d->ahead_due = INFINITY;
+            for (size_t k = 0; k < d->nlanes && may_start(d); k++) {
+                lane *ln = &d->lanes[k];
+                rb_run *prev = NULL;
+                for (rb_run **at = &ln->ahead_head; *at && may_start(d);) {
+                    if (now - (*at)->claimed_at < most_wait) {
+                        d->ahead_due = fmin(d->ahead_due, (*at)->claimed_at + most_wait);
+                        prev = *at;
+                        at = &(*at)->ahead_next;
+                        continue;
+                    }
+                    rb_run *run = ahead_take(d, ln, at, prev);
+                    disp_set_settling(run);
+                    disp_write_final(run, RB_OP_RELEASE, 0, NULL);
+                }
             }
-            rb_run *run = ahead_take(d, ln, at, prev);
-            disp_set_settling(run);
-            disp_write_final(run, RB_OP_RELEASE, 0, NULL);
         }
-        while (ln->ahead_head && d->started && !d->stopping && disp_running(d) < concurrency &&
-               lane_running(ln) < ln->limit)
-            disp_run_start(ahead_take(d, ln, &ln->ahead_head, NULL));
-    }
-    for (size_t k = 0; k < d->nlanes && d->started && !d->stopping; k++)
-        for (rb_run *run = d->lanes[k].ahead_head; run; run = run->ahead_next)
-            if (run->claimed_at + most_wait < next) next = run->claimed_at + most_wait;
-    if (next < INFINITY) {
-        rb_timer_set(&d->ahead_timer, fmax(next - now, 0.001), 0);
+        for (size_t k = 0; k < d->nlanes && may_start(d); k++) {
+            lane *ln = &d->lanes[k];
+            while (ln->ahead_head && may_start(d) && disp_running(d) < concurrency &&
+                   lane_running(ln) < ln->limit)
+                disp_run_start(ahead_take(d, ln, &ln->ahead_head, NULL));
+        }
+    } while (d->start_ahead_again && may_start(d));
+    d->starting_ahead = 0;
+    if (may_start(d) && d->ahead_due < INFINITY) {
+        rb_timer_stop(d->loop, &d->ahead_timer);
+        rb_timer_set(&d->ahead_timer, fmax(d->ahead_due - rb_monotonic(), 0.001), 0);
         rb_timer_start(d->loop, &d->ahead_timer);
     }
 }
@@ -170,7 +193,7 @@ void disp_unparked(rb_dispatcher *d, rb_run *run)
 }
 
 /* A stop hands back every run claimed ahead, unrun and without using an attempt. They are
- * taken off their queues first, and the stop cannot end meanwhile (d->releasing): a write
+ * taken off their queues first, and the stop cannot end meanwhile (d->stop_held): a write
  * that cannot be made settles its run at once, and ending the stop calls the host, which may
  * free d. The caller checks the stop afterwards. */
 void disp_release_ahead(rb_dispatcher *d)
@@ -183,14 +206,15 @@ void disp_release_ahead(rb_dispatcher *d)
             *tail = run;
             tail = &run->ahead_next;
         }
-    d->releasing = 1;
+    d->ahead_due = INFINITY;
+    d->stop_held++;
     for (rb_run *run = all, *next; run; run = next) {
         next = run->ahead_next;
         run->ahead_next = NULL;
         disp_set_settling(run);
         disp_write_final(run, RB_OP_RELEASE, 0, NULL);
     }
-    d->releasing = 0;
+    d->stop_held--;
 }
 
 
@@ -273,6 +297,9 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
         rb_event ev = {.kind = RB_EV_CLAIM, .n = n};
         disp_emit(d, &ev);
     }
+    /* A run settled at once in the loop (a write that cannot be made) must not end a stop
+     * while the loop still uses d: the stop is checked after it. */
+    d->stop_held++;
     for (size_t i = 0; i < n; i++) {
         handler_entry *h = disp_find_handler(d, recs[i]->topic);
         /* A store on this host may say when its lease really began (after a lock wait). */
@@ -313,6 +340,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
         else
             ahead_push(d, run, 0);  /* waits for a slot, in claim order */
     }
+    d->stop_held--;
     free(recs);
     disp_start_ahead(d);
     /* Last: ending the stop calls the host, which may free d. */

@@ -144,7 +144,9 @@ struct rb_dispatcher {
     size_t nsettling;           /* of those, runs whose handler ended (settle in flight) */
     size_t nahead;              /* of those, runs waiting for a slot: claimed ahead, or parked */
     rb_timer ahead_timer;       /* the next hand-back of a run claimed ahead */
-    int releasing;              /* a stop hands back what was claimed ahead: it cannot end yet */
+    double ahead_due;           /* monotonic: the earliest hand-back due; INFINITY none */
+    int starting_ahead, start_ahead_again;  /* disp_start_ahead runs (it is not re-entered) */
+    int stop_held;              /* > 0: a loop over runs still uses d, the stop cannot end */
     double claim_time;          /* moving average of a claim's round trip (s); < 0 unknown */
     rb_run *runs;               /* list of unsettled runs */
     RB_FIFO(settle_req) queue;  /* settle writes waiting for the flush */

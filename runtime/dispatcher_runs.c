@@ -422,7 +422,7 @@ void disp_run_settled(rb_run *run)
         disp_count_waiting(d, parked, -1);
         if (disp_active_add(d->store, parked->rec->id, parked) != 0) {
             disp_run_settled(parked);    /* out of memory: the lease expires, another takes it */
-        } else if (parked->d->stopping) {
+        } else if (parked->d->stopping || parked->d->stopped) {
             disp_set_settling(parked);   /* never started: hand the claim back */
             disp_write_final(parked, RB_OP_RELEASE, 0, NULL);
         } else {
