@@ -207,7 +207,8 @@ static int l_lease_release(lua_State *L) { return lease_op(L, 1); }
 
 /* handle:_run(fn, ...): runs fn(...) as a task of its own, stopped at this lease's deadline
  * like a handler at its own (waits end with nil, "aborted"; Lua code still running after the
- * grace is stopped for good), and waits for it: true, or nil and fn's error. */
+ * grace is stopped for good), and waits for it: true, or nil and fn's error; nil, "aborted"
+ * without running fn when the lease is over already. */
 typedef struct guarded_run {
     rb_await *w;
     lua_lease *h;
@@ -247,6 +248,14 @@ static int l_lease_run(lua_State *L)
     lua_lease *h = check_handle(L);
     luaL_checktype(L, 2, LUA_TFUNCTION);
     if (h->guarded) return rb_misuse(L, "_run: this lease already guards a run");
+    if (!h->l || rb_lease_over(h->l)) {
+        /* Over already (a process frozen between the acquire and here): fn must not start,
+         * another process may hold the name by now. */
+        if (h->l && h->signal) rb_signal_fire(h->signal, RB_ABORT_LEASE);
+        lua_pushnil(L);
+        lua_pushliteral(L, "aborted");
+        return 2;
+    }
     rb_module *m = h->m;
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;

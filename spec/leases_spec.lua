@@ -68,6 +68,21 @@ for _, backend in ipairs(backends) do
       leases = nil
     end)
 
+    it("a lease whose deadline passed while the loop did not run (a frozen process) guards no run: _run starts nothing, d:every's way", function()
+      local h = assert(leases:try_acquire(S.unique("lease"), 0.3))
+      local t = relaybus.now()
+      while relaybus.now() - t < 0.4 do end     -- past the deadline without the loop running
+      local ran = false
+      local ok, err = h:_run(function() ran = true end)
+      assert.is_nil(ok)
+      assert.equal("aborted", err)
+      assert.is_false(ran)
+      assert.is_true(h.signal.aborted)
+      local h2 = assert(leases:try_acquire(S.unique("lease"), 5))
+      assert.is_true(h2:_run(function() ran = true end))
+      assert.is_true(ran)
+    end)
+
     it("try_acquire returns a handle (name, a monotonic deadline just under now + duration, a signal not aborted), and nil while the name is held", function()
       local name = S.unique("lease")
       local t0 = relaybus.now()

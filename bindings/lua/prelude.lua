@@ -91,7 +91,8 @@ return function(relaybus)
     while not d:stats().stopping and d:stats().running do
       local h = store:try_acquire(lease_name, job.interval)
       local next_try = relaybus.now() + math.min(job.interval, 1) * 0.5
-      if h then
+      -- (a lease over already, in a process frozen since the acquire, runs nothing)
+      if h and not h.signal.aborted and relaybus.now() < h.deadline then
         -- Stopped at the lease's deadline like a handler: waits end, spinning Lua is cut.
         local ctx = {signal = h.signal, deadline = h.deadline, lease = h, name = job.name}
         function ctx.sleep(_, s) return relaybus.sleep(s) end
