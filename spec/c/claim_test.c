@@ -14,6 +14,24 @@
 
 #define T "work"
 
+/* Every claim is answered 20 ms late (a store across a network), during a backlog. */
+static void slow_claims(th_env *e)
+{
+    e->spy->claim_delay = 0.02;
+    e->spy->delay_claims = -1;
+}
+
+/* Each of ids completed, in exactly one attempt (what was handed back counted none). */
+static void assert_completed_once(th_env *e, const th_ids *ids)
+{
+    for (size_t i = 0; i < ids->n; i++) {
+        rb_delivery *d = th_get(e, ids->id[i]);
+        assert_int_equal(d->status, RB_COMPLETED);
+        assert_int_equal(d->attempts, 1);
+        rb_delivery_free(d);
+    }
+}
+
 /* Each run ends after 50 to 90 ms, depending on its id: long enough that a batch's runs are
  * all running at once even on a loaded machine (the runs of a claim start one by one). */
 static void finish_soon(th_handler *h, th_run *r)
@@ -53,8 +71,7 @@ static void claims_in_flight(void **state, int parallelism)
 {
     th_env *e = th_env_of(state);
     e->spy->vt.claim_parallelism = parallelism;
-    e->spy->claim_delay = 0.02;
-    e->spy->delay_claims = -1;
+    slow_claims(e);
     th_ids ids = th_enqueue(e, T, 300, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
@@ -88,8 +105,7 @@ static void claim_parallelism_three_is_respected(void **state) { claims_in_fligh
 static void fast_handlers_claim(void **state, int claim_ahead)
 {
     th_env *e = th_env_of(state);
-    e->spy->claim_delay = 0.02;
-    e->spy->delay_claims = -1;
+    slow_claims(e);
     th_ids ids = th_enqueue(e, T, 400, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
@@ -116,12 +132,7 @@ static void fast_handlers_claim(void **state, int claim_ahead)
     if (claim_ahead) assert_true(most > 10);
     else assert_true(most <= 10);   /* never beyond the slots */
     assert_int_equal(e->spy->kinds[RB_OP_RELEASE], 0);
-    for (size_t i = 0; i < ids.n; i++) {
-        rb_delivery *d = th_get(e, ids.id[i]);
-        assert_int_equal(d->status, RB_COMPLETED);
-        assert_int_equal(d->attempts, 1);
-        rb_delivery_free(d);
-    }
+    assert_completed_once(e, &ids);
     th_ids_free(&ids);
 }
 
@@ -141,8 +152,7 @@ static void fast_then_hang(th_handler *h, th_run *r)
 static void a_stop_hands_back_what_was_claimed_ahead(void **state)
 {
     th_env *e = th_env_of(state);
-    e->spy->claim_delay = 0.02;
-    e->spy->delay_claims = -1;
+    slow_claims(e);
     th_ids ids = th_enqueue(e, T, 300, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
@@ -194,8 +204,7 @@ static void a_stop_hands_back_what_was_claimed_ahead(void **state)
 static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
 {
     th_env *e = th_env_of(state);
-    e->spy->claim_delay = 0.02;
-    e->spy->delay_claims = -1;
+    slow_claims(e);
     th_ids ids = th_enqueue(e, T, 200, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
@@ -230,12 +239,7 @@ static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
     th_finish(hanging, 1, NULL);
     TH_RUN_UNTIL(e, th_stats(e).completed == 200, 30);
     assert_int_equal(h->max_running, 1);
-    for (size_t i = 0; i < ids.n; i++) {
-        rb_delivery *d = th_get(e, ids.id[i]);
-        assert_int_equal(d->status, RB_COMPLETED);
-        assert_int_equal(d->attempts, 1);   /* the hand-back used no attempt */
-        rb_delivery_free(d);
-    }
+    assert_completed_once(e, &ids);     /* the hand-back used no attempt */
     th_ids_free(&ids);
 }
 
@@ -255,8 +259,7 @@ static void fast_counting(th_handler *h, th_run *r)
 static void a_lane_behind_full_slots_does_not_hoard(void **state)
 {
     th_env *e = th_env_of(state);
-    e->spy->claim_delay = 0.02;
-    e->spy->delay_claims = -1;
+    slow_claims(e);
     th_ids fast = th_enqueue(e, "fast", 100, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
