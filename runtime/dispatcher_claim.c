@@ -67,6 +67,8 @@ static size_t ahead_room(const rb_dispatcher *d, const lane *ln)
         return 0;
     if (ln->ahead_head && now - ln->ahead_head->claimed_at > stale)
         return 0;       /* what it claimed ahead does not start (other lanes hold the slots) */
+    if (ln->handed_back_at > 0 && now - ln->handed_back_at < d->opt.lease_duration)
+        return 0;       /* it claimed more than started in time (a short lease): not for a lease */
     double most = (double)d->opt.claim_ahead * (double)ln->limit;
     double n = (double)ln->limit * d->claim_time / fmax(ln->run_time, 1e-6);
     return n >= most ? (size_t)most : (size_t)n;
@@ -165,6 +167,7 @@ void disp_start_ahead(rb_dispatcher *d)
                         continue;
                     }
                     rb_run *run = ahead_take(d, ln, at, prev);
+                    ln->handed_back_at = now;
                     disp_set_settling(run);
                     disp_write_final(run, RB_OP_RELEASE, 0, NULL);
                 }

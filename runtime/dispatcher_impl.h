@@ -48,6 +48,7 @@ typedef struct lane {
     size_t nahead;              /* runs waiting for a slot: queued here, or parked */
     double run_time;            /* moving average of its handlers' run time (s); < 0 unknown */
     double last_end;            /* monotonic s when one of its handlers last ended */
+    double handed_back_at;      /* monotonic s of its last hand-back of a run claimed ahead */
 } lane;
 
 /* A run's states, and the only moves between them (set_state checks each in debug builds, in

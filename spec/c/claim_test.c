@@ -363,6 +363,29 @@ static void a_parked_run_waits_for_a_slot(void **state)
     th_ids_free(&hang);
 }
 
+/* A lease of 10 ms and claim_ahead 100: a batch of 800 takes longer to start than the lease
+ * lasts, so its tail is handed back unrun. Without a pause in claiming ahead after that, the
+ * drain went on claiming 800 and handing most back (194 of 3,000 done in 30 s). */
+static void a_short_lease_stops_claiming_ahead_what_cannot_start(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids ids = th_enqueue(e, T, 3000, 0, 0);
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 8;
+    o.claim_ahead = RB_MAX_CLAIM_AHEAD;
+    o.lease_duration = 0.01;
+    th_dispatcher(e, &o);
+    th_handler *h = th_new_handler(e);
+    h->on_start = th_start_ok;
+    th_handle(e, h, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, th_stats(e).completed == 3000, 30);
+    assert_int_equal(th_stats(e).completed, 3000);
+    assert_true(h->max_running <= 8);
+    th_ids_free(&ids);
+}
+
 static void a_claim_answered_after_free_frees_its_records(void **state)
 {
     th_env *e = th_env_of(state);
@@ -600,6 +623,8 @@ int main(void)
              a_lane_behind_full_slots_does_not_hoard),
         BOTH("a delivery claimed again while its earlier run settles waits for a slot",
              a_parked_run_waits_for_a_slot),
+        BOTH("a lease too short for the batch stops claiming ahead, and everything completes",
+             a_short_lease_stops_claiming_ahead_what_cannot_start),
         BOTH("a claim answered after the dispatcher was freed frees its records",
              a_claim_answered_after_free_frees_its_records),
         BOTH("a claim answered past the runs' local deadline is released, the attempt back",
