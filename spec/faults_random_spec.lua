@@ -16,7 +16,9 @@
 --     exception, counted and printed apart: a process frozen past its deadline (one worker is
 --     stopped for 1.5 s on purpose; a loaded machine stalls others) cannot abort, so another may
 --     start the delivery meanwhile; its run must then end as soon as it thaws. The workers log
---     every stall of their loop (a heartbeat) to tell these apart;
+--     every stall of their loop (a heartbeat) to tell these apart. Likewise a run waiting for
+--     the answer of a settle it sent (the truth, waited for past the deadline) that came after
+--     the other run began and did not say "written": its code must end within the grace;
 --   * every error and log line is one line; no contract violation of the store was counted.
 -- The seeds are printed; RELAYBUS_FAULT_SEED=N replays one (the faults each worker draws follow
 -- from it; the interleaving of processes does not). RELAYBUS_FAULT_RANDOM_N=N sets the number of
@@ -73,9 +75,11 @@ local function read_log(path)
       elseif k == "G" then
         run.g = tonumber(f[4])
       elseif k == "C" then
-        run.settles[#run.settles + 1] = { call = "complete", res = f[4] }
+        run.settles[#run.settles + 1] = { call = "complete", res = f[4], asked = tonumber(f[5]),
+                                          answered = tonumber(f[6]) }
       elseif k == "X" then
-        run.settles[#run.settles + 1] = { call = f[4], res = f[5] }
+        run.settles[#run.settles + 1] = { call = f[4], res = f[5], asked = tonumber(f[6]),
+                                          answered = tonumber(f[7]) }
       else
         L.children[#L.children + 1] = f[4]
       end
@@ -121,6 +125,22 @@ end
 local function frozen_at(L, pid, at)
   for _, st in ipairs(L.stalls[pid] or {}) do
     if st.from <= at and at <= st.to then return st end
+  end
+end
+
+-- The settle call of `run` that was asked before `at` and answered after it without being
+-- written (its error says so, or leaves it unknown), when run ended within the grace of that
+-- answer, or nil. A settle's answer is waited for past the run's deadline (it is the truth):
+-- held up behind a lock (SQLite: a frozen process holds the write lock) it may come after the
+-- lease expired and another run began, and the run's code learns of its abort only then, with
+-- the grace from then to return (docs/guarantees.md, "A run that learns of its abort late").
+-- An answer "ok" is never excused: a written settle means no other run could have begun.
+local function late_answer(run, at, ended)
+  for _, st in ipairs(run.settles) do
+    if st.asked and st.asked < at and st.answered >= at and st.res ~= "ok"
+      and ended <= st.answered + 0.25 then
+      return st
+    end
   end
 end
 
@@ -263,6 +283,7 @@ for index, entry in ipairs(S.list()) do
       end
       local wall = relaybus.time()
       local stalled = {}
+      local late = {}   -- overlaps with a run that waited for a late settle answer (late_answer)
       local counts = { completed = 0, buried = 0, pending = 0, processing = 0 }
       local done_tx = {}
       for _, r in ipairs(recs) do
@@ -306,6 +327,12 @@ for index, entry in ipairs(S.list()) do
               .. " [%.4f, %.4f] (%.3f s on a CPU, %.3f s waiting for one) in its run of fence %d,"
               .. " which ended %.3f s after it thawed", r.id, run.fence, run.s, holder.pid, st.from,
               st.to, st.cpu, st.runq, holder.fence, held_to - st.to)
+          elseif held_to and run.s < held_to and late_answer(holder, run.s, held_to) then
+            local st = late_answer(holder, run.s, held_to)
+            late[#late + 1] = string.format("%s: fence %d ran at %.4f while pid %s waited for the"
+              .. " answer of its %s of fence %d, asked at %.4f, answered %s at %.4f; that run"
+              .. " ended %.3f s later", r.id, run.fence, run.s, holder.pid, st.call, holder.fence,
+              st.asked, st.res, st.answered, held_to - st.answered)
           elseif held_to and run.s < held_to then
             problem("%s: runs overlap: fence %d [%.4f, %.4f] pid %s (%s) and fence %d [%.4f, %.4f] pid %s (%s)",
               r.id, holder.fence, holder.s, held_to, holder.pid, holder.what,
@@ -383,10 +410,12 @@ for index, entry in ipairs(S.list()) do
       for _, list in pairs(L.runs) do nruns = nruns + #list end
       io.stderr:write(string.format("faults_random %s: seed %d, %d deliveries (%d children), %d runs,"
         .. " %d completed, %d buried, %d pending; %d faults injected (fail %d, lost %d, late %d),"
-        .. " %d every runs; %d overlaps in a stalled process; %.1f s; %d problems\n", entry.name,
-        seed, #recs, #L.children, nruns, counts.completed, counts.buried, counts.pending, faults,
-        kinds.fail, kinds.lost, kinds.late, #L.ticks, #stalled, relaybus.now() - t0, #problems))
+        .. " %d every runs; %d overlaps in a stalled process, %d after a late settle answer; %.1f s;"
+        .. " %d problems\n", entry.name, seed, #recs, #L.children, nruns, counts.completed,
+        counts.buried, counts.pending, faults, kinds.fail, kinds.lost, kinds.late, #L.ticks,
+        #stalled, #late, relaybus.now() - t0, #problems))
       for i = 1, math.min(#stalled, 5) do io.stderr:write("  stalled: " .. stalled[i] .. "\n") end
+      for i = 1, math.min(#late, 5) do io.stderr:write("  late answer: " .. late[i] .. "\n") end
       if #problems > 0 then
         for pid, list in pairs(L.stalls) do
           for _, st in ipairs(list) do

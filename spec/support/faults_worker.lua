@@ -12,10 +12,12 @@
 --   READY <pid> <t>
 --   S <id> <fence> <attempts> <start> <pid> <what>   a run started (what it will do)
 --   E <id> <fence> <end> <how>          it ended: ret (returned) or raise
---   C <id> <fence> <result>             ctx:complete() answered: ok, or its error
+--   C <id> <fence> <result> <asked> <answered>   ctx:complete() answered: ok, or its error;
+--                                       asked, answered: when it was called and when it returned
 --   G <id> <fence> <t>                  about to call ctx:release/reschedule: from here on the
 --                                       delivery may run elsewhere (the run gave it up)
---   X <id> <fence> <call> <result>      ctx:reschedule/bury/release/extend_lease answered
+--   X <id> <fence> <call> <result> <asked> <answered>
+--                                       ctx:reschedule/bury/release/extend_lease answered
 --   Q <id> <fence> <child>              an enqueue from the handler returned the child's id
 --   T <pid> <start> <end>               a run of d:every (while holding its named lease)
 --   P <pid> <from> <to> <cpu> <runq>    the loop did not run from..to (> 0.25 s): a stalled
@@ -70,6 +72,17 @@ local function word(v)
 end
 local function result(ok, err) return ok and "ok" or word(err) end
 
+-- Runs call (a settle: ctx:complete() and the like) and logs its answer as `name` (record C
+-- for complete, X for the others) with the times it was asked and answered: a settle's answer is
+-- waited for even past the run's deadline (it is the truth), so the spec needs both times to
+-- tell a late answer from an overlap.
+local function settle(name, id, fence, call)
+  local asked = t(relaybus.now())
+  local res = result(call())
+  if name == "complete" then say("C", id, fence, res, asked, t(relaybus.now()))
+  else say("X", id, fence, name, res, asked, t(relaybus.now())) end
+end
+
 local d = relaybus.dispatcher(store, {
   lease_duration = lease,
   concurrency = num("RB_CONC", 8),
@@ -111,11 +124,9 @@ d:handle("work", function(delivery, ctx)
     finish()
     error("handler raised on purpose")
   elseif what == "complete" or what == "settle_twice" then
-    local ok, err = ctx:complete()
-    say("C", id, fence, result(ok, err))
+    settle("complete", id, fence, function() return ctx:complete() end)
     if what == "settle_twice" then
-      local ok2, err2 = ctx:bury("bury after complete")
-      say("X", id, fence, "bury", result(ok2, err2))
+      settle("bury", id, fence, function() return ctx:bury("bury after complete") end)
     end
     ctx:sleep(short())
     if math.random() < 0.3 then    -- a raise after a settle changes nothing
@@ -125,22 +136,21 @@ d:handle("work", function(delivery, ctx)
     end
   elseif what == "reschedule" then
     give_up()
-    local ok, err = ctx:reschedule(math.random() * 0.2, "rescheduled by the handler")
-    say("X", id, fence, "reschedule", result(ok, err))
+    local delay = math.random() * 0.2
+    settle("reschedule", id, fence,
+      function() return ctx:reschedule(delay, "rescheduled by the handler") end)
   elseif what == "reschedule_long" then
     give_up()
-    local ok, err = ctx:reschedule(3600, "rescheduled for an hour")
-    say("X", id, fence, "reschedule_long", result(ok, err))
+    settle("reschedule_long", id, fence,
+      function() return ctx:reschedule(3600, "rescheduled for an hour") end)
   elseif what == "bury" then
-    local ok, err = ctx:bury("buried by the handler")
-    say("X", id, fence, "bury", result(ok, err))
+    settle("bury", id, fence, function() return ctx:bury("buried by the handler") end)
   elseif what == "release" then
     give_up()
-    local ok, err = ctx:release(math.random() * 0.1)
-    say("X", id, fence, "release", result(ok, err))
+    local delay = math.random() * 0.1
+    settle("release", id, fence, function() return ctx:release(delay) end)
   elseif what == "extend" then
-    local ok, err = ctx:extend_lease(lease * 1.5)
-    say("X", id, fence, "extend", result(ok, err))
+    settle("extend", id, fence, function() return ctx:extend_lease(lease * 1.5) end)
     ctx:sleep(lease * (0.5 + math.random()))
   elseif what == "long" then
     ctx:sleep(lease * (1.2 + math.random() * 1.8))
