@@ -193,8 +193,10 @@ static int ctx_settle(lua_State *L, rb_settle_kind kind, double delay, const cha
     }
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    /* Once sent, a settle's answer is the truth, abort or not: true means it was written. */
-    rb_await_truthful(w);
+    /* Once sent, a settle's answer is the truth, abort or not: true means it was written. Not
+     * an extension's: past the deadline the run is over whatever it answers, and its code
+     * must stop then, not when a store held up (a lock, a slow server) gets to answer. */
+    if (kind != RB_OP_EXTEND) rb_await_truthful(w);
     rb_run_settle(c->run, kind, delay, reason, on_settle_result, w);
     return rb_await_finish(L, w);
 }

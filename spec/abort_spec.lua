@@ -154,6 +154,29 @@ for _, entry in ipairs(S.list()) do
         -- cut in the middle of its exit report)
         assert.equal(0, S.wait_exit(locker, 20), "the locker failed: " .. (S.read(locker.err) or ""))
       end)
+
+      -- Found by faults_random: an extension held up behind the write lock of a frozen process
+      -- was answered long after the run's deadline, and only then did the run's code learn of
+      -- its abort, while another process already ran the delivery. An extension's answer is
+      -- not waited for past the deadline (unlike a settle's: the run is over either way).
+      it("ctx:extend_lease waiting on a locked store ends at the deadline with nil, \"aborted\"", function()
+        local ready = S.tmpfile("locked")
+        local got, t_end, deadline, locker
+        local id = run_one("ab.locked_extend", function(delivery, ctx)
+          locker = S.spawn(S.support .. "/locker.lua", { url, opts.table or "-", "3", ready })
+          H.poll(function() return S.exists(ready) end, 5)
+          deadline = ctx.deadline
+          got = table.pack(ctx:extend_lease(30))
+          t_end = relaybus.now()
+        end, { timeout = 1.0 })
+        assert.is_nil(got[1], "the extension was answered through a locked store")
+        assert.equal("aborted", got[2])
+        H.near(deadline, t_end, 0.15 + TOL, "end of the blocked extension against ctx.deadline")
+        assert.equal(0, S.wait_exit(locker, 20), "the locker failed: " .. (S.read(locker.err) or ""))
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status, "the run settles as its timeout, after the extension")
+        assert.equal("timeout", r.last_error)
+      end)
     end
 
     it("a handler spinning in pure Lua is interrupted after its timeout, as a raise with last_error \"timeout\"", function()
