@@ -135,24 +135,32 @@ for _, entry in ipairs(S.list()) do
       assert.is_true(res.aborted, "the answer came after the deadline, and the run was told nothing")
     end)
 
+    -- Runs `call(ctx)` in a handler with a 1 s timeout while another process holds the store
+    -- locked for 3 s (spec/support/locker.lua); returns the delivery's id, what the call
+    -- returned, ctx.deadline and when the call returned. The locker commits and exits by
+    -- itself (killed, under LeakSanitizer it could be cut in the middle of its exit report).
+    local function call_on_locked_store(topic, call)
+      local ready = S.tmpfile("locked")
+      local got, t_end, deadline, locker
+      local id = run_one(topic, function(delivery, ctx)
+        locker = S.spawn(S.support .. "/locker.lua", { url, opts.table or "-", "3", ready })
+        H.poll(function() return S.exists(ready) end, 5)
+        deadline = ctx.deadline
+        got = table.pack(call(ctx))
+        t_end = relaybus.now()
+      end, { timeout = 1.0 })
+      assert.equal(0, S.wait_exit(locker, 20), "the locker failed: " .. (S.read(locker.err) or ""))
+      return id, got, deadline, t_end
+    end
+
     if entry.name ~= "mongodb" then
       it("a store call waiting on a locked store ends at the deadline with nil, \"aborted\"", function()
-        local ready = S.tmpfile("locked")
-        local got, t_call, t_end, deadline, locker
-        run_one("ab.locked", function(delivery, ctx)
-          locker = S.spawn(S.support .. "/locker.lua", { url, opts.table or "-", "3", ready })
-          H.poll(function() return S.exists(ready) end, 5)
-          deadline = ctx.deadline
-          t_call = relaybus.now()
-          got = table.pack(store:enqueue("ab.blocked", 1))
-          t_end = relaybus.now()
-        end, { timeout = 1.0 })
+        local _, got, deadline, t_end = call_on_locked_store("ab.locked", function()
+          return store:enqueue("ab.blocked", 1)
+        end)
         assert.is_nil(got[1], "the enqueue went through a locked store")
         assert.equal("aborted", got[2])
         H.near(deadline, t_end, 0.15 + TOL, "end of the blocked call against ctx.deadline")
-        -- the locker commits and exits by itself (killed, under LeakSanitizer it could be
-        -- cut in the middle of its exit report)
-        assert.equal(0, S.wait_exit(locker, 20), "the locker failed: " .. (S.read(locker.err) or ""))
       end)
 
       -- Found by faults_random: an extension held up behind the write lock of a frozen process
@@ -160,24 +168,45 @@ for _, entry in ipairs(S.list()) do
       -- its abort, while another process already ran the delivery. An extension's answer is
       -- not waited for past the deadline (unlike a settle's: the run is over either way).
       it("ctx:extend_lease waiting on a locked store ends at the deadline with nil, \"aborted\"", function()
-        local ready = S.tmpfile("locked")
-        local got, t_end, deadline, locker
-        local id = run_one("ab.locked_extend", function(delivery, ctx)
-          locker = S.spawn(S.support .. "/locker.lua", { url, opts.table or "-", "3", ready })
-          H.poll(function() return S.exists(ready) end, 5)
-          deadline = ctx.deadline
-          got = table.pack(ctx:extend_lease(30))
-          t_end = relaybus.now()
-        end, { timeout = 1.0 })
+        local id, got, deadline, t_end = call_on_locked_store("ab.locked_extend", function(ctx)
+          return ctx:extend_lease(30)
+        end)
         assert.is_nil(got[1], "the extension was answered through a locked store")
         assert.equal("aborted", got[2])
         H.near(deadline, t_end, 0.15 + TOL, "end of the blocked extension against ctx.deadline")
-        assert.equal(0, S.wait_exit(locker, 20), "the locker failed: " .. (S.read(locker.err) or ""))
         local r = assert(store:get(id))
         assert.equal("buried", r.status, "the run settles as its timeout, after the extension")
         assert.equal("timeout", r.last_error)
       end)
     end
+
+    -- The same on every store (MongoDB has no lock to hold): the extension is written at once
+    -- and only its answer comes late, after the deadline. The run still ends at the deadline,
+    -- and its final write (the timeout) lands after the extension; a settle after the abort
+    -- is refused without reaching the store.
+    it("ctx:extend_lease answered after the deadline ends at the deadline; the timeout still settles", function()
+      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = 2, max_delay = 2 })
+      local id = assert(store:enqueue("ab.late_extend", 1, { max_attempts = 1 }))
+      local d = H.dispatcher(slow)
+      local stop = H.stopper(d, 15)
+      local got, after, deadline, t_end
+      d:handle("ab.late_extend", function(delivery, ctx)
+        stop()
+        deadline = ctx.deadline
+        got = table.pack(ctx:extend_lease(30))
+        t_end = relaybus.now()
+        after = table.pack(ctx:complete())
+      end, { timeout = 0.5 })
+      assert.is_true(H.run(d, 30), "the run did not settle")
+      slow:close()
+      assert.is_nil(got[1], "the late extension's answer was waited for")
+      assert.equal("aborted", got[2])
+      H.near(deadline, t_end, 0.15 + TOL, "end of the late extension against ctx.deadline")
+      assert.same({ n = 2, nil, "aborted" }, after)
+      local r = assert(store:get(id))
+      assert.equal("buried", r.status)
+      assert.equal("timeout", r.last_error)
+    end)
 
     it("a handler spinning in pure Lua is interrupted after its timeout, as a raise with last_error \"timeout\"", function()
       local t0

@@ -316,6 +316,7 @@ for index, entry in ipairs(S.list()) do
         table.sort(runs, function(a, b) return a.s < b.s end)
         local holder, held_to     -- the earlier run that held the delivery the longest
         for i, run in ipairs(runs) do
+          local late_st = held_to and run.s < held_to and late_answer(holder, run.s, held_to)
           if not run.e then
             problem("%s: the run of fence %d (pid %s, %s) never ended", r.id, run.fence, run.pid, run.what)
           elseif held_to and run.s < held_to and frozen_at(L, holder.pid, run.s)
@@ -327,8 +328,8 @@ for index, entry in ipairs(S.list()) do
               .. " [%.4f, %.4f] (%.3f s on a CPU, %.3f s waiting for one) in its run of fence %d,"
               .. " which ended %.3f s after it thawed", r.id, run.fence, run.s, holder.pid, st.from,
               st.to, st.cpu, st.runq, holder.fence, held_to - st.to)
-          elseif held_to and run.s < held_to and late_answer(holder, run.s, held_to) then
-            local st = late_answer(holder, run.s, held_to)
+          elseif late_st then
+            local st = late_st
             late[#late + 1] = string.format("%s: fence %d ran at %.4f while pid %s waited for the"
               .. " answer of its %s of fence %d, asked at %.4f, answered %s at %.4f; that run"
               .. " ended %.3f s later", r.id, run.fence, run.s, holder.pid, st.call, holder.fence,
