@@ -723,6 +723,34 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.equal("completed", assert(store:get(id)).status)
       end)
 
+      -- Each write of a run is fenced by its lease token, not by the writes of the same run
+      -- before it: on MongoDB two of them in flight at once compete for one version ticket,
+      -- and the one that lost it must be tried again, not reported as a lost lease.
+      it("writes of one run in flight at once (extensions from several tasks, renewals) never refuse one another", function()
+        local id = assert(store:enqueue("ex.overlap", 1))
+        local N, results, completed = 24, {}, nil
+        assert.is_true(drive(store, "ex.overlap", function(delivery, ctx, stop)
+          local left = N
+          for i = 1, N do
+            relaybus.spawn(function()
+              relaybus.sleep((i % 8) * 0.002)
+              local ok, err = ctx:extend_lease(2)
+              results[#results + 1] = ok and "ok" or tostring(err)
+              left = left - 1
+            end)
+          end
+          -- the renewal (every 1/3 of the 0.9 s lease) joins in while the extensions go on
+          while left > 0 and not ctx.signal.aborted do ctx:sleep(0.01) end
+          completed = ctx:complete()
+          stop()
+        end, { lease_duration = 0.9 }, nil, 30))
+        local want = {}
+        for i = 1, N do want[i] = "ok" end
+        assert.same(want, results)
+        assert.is_true(completed)
+        expect(store, id, { status = "completed", attempts = 1 })
+      end)
+
       it("a settle call after one succeeded returns nil and changes nothing", function()
         local id = assert(store:enqueue("ex.twice", 1, { max_attempts = 5 }))
         local a, b, c, d

@@ -2,6 +2,7 @@
  * changed through tickets like a delivery. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "mstore.h"
 #include "alloc.h"
 
@@ -69,14 +70,16 @@ static bson_t *lease_change(lease_job *q, const bson_t *cur, double now, double 
     }
 }
 
-static void lease_work(mjob *j, mongoc_client_t *c)
+/* One try; 1 when the change lost its version ticket to another write of the name (see
+ * settle.c's run_round: another acquirer, or the holder's own renewal beside a release). */
+static int lease_try(lease_job *q, mongoc_client_t *c)
 {
-    lease_job *q = (lease_job *)j;
+    mjob *j = &q->j;
     double now = mg_now(j->s);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->leases);
     bson_t sel = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&sel, "_id", q->name);
-    int failed = 0;
+    int failed = 0, lost = 0;
     bson_t *cur = mg_find_one(j, cl, &sel, NULL, &failed);
     double expires = 0;
     bson_t *u = (cur && !failed) ? lease_change(q, cur, now, &expires) : NULL;
@@ -85,15 +88,31 @@ static void lease_work(mjob *j, mongoc_client_t *c)
     } else if (u) {
         cas_op op;
         mg_cas_init(j->s, &op, cur, "l", u);
-        if (mg_cas_run(j, c, j->s->leases, &op, 1, now) == 0 && op.won) {
-            q->acquired = 1;
-            q->expires = expires;
+        if (mg_cas_run(j, c, j->s->leases, &op, 1, now) == 0) {
+            if (op.won) {
+                q->acquired = 1;
+                q->expires = expires;
+            } else {
+                lost = !op.code;
+            }
         }
         mg_cas_clear(&op);      /* u with it */
     }
     if (cur) bson_destroy(cur);
     bson_destroy(&sel);
     mongoc_collection_destroy(cl);
+    return lost;
+}
+
+#define LEASE_TRIES 8       /* as settle.c: waits of 1, 2, 4 ... ms between them */
+
+static void lease_work(mjob *j, mongoc_client_t *c)
+{
+    lease_job *q = (lease_job *)j;
+    for (int t = 0; lease_try(q, c) && t + 1 < LEASE_TRIES && !j->err[0]; t++) {
+        struct timespec wait = {0, (1L << t) * 1000000L};
+        nanosleep(&wait, NULL);
+    }
 }
 
 static void lease_done(mjob *j, const char *err)
