@@ -187,6 +187,31 @@ for _, backend in ipairs(backends) do
       assert.is_true(h:release())
     end)
 
+    -- On MongoDB each change of the name takes a version ticket: the holder's own writes in
+    -- flight at once compete for it, and the one that lost must be made again, not refused.
+    it("extends of one handle in flight at once, from several tasks, all succeed; the release after them too", function()
+      local name = S.unique("lease")
+      local h = assert(leases:try_acquire(name, 5))
+      local N, results, left = 16, {}, 16
+      for i = 1, N do
+        relaybus.spawn(function()
+          relaybus.sleep((i % 4) * 0.002)
+          local ok, err = h:extend(5)
+          results[#results + 1] = ok and "ok" or tostring(err)
+          left = left - 1
+        end)
+      end
+      assert.truthy(poll(function() return left == 0 end, 20), "the extends did not all answer")
+      local want = {}
+      for i = 1, N do want[i] = "ok" end
+      assert.same(want, results)
+      assert.is_false(h.signal.aborted)
+      assert.is_nil(leases:try_acquire(name, 1))
+      assert.is_true(h:release())
+      local b = assert(leases:try_acquire(name, 1), "the name was not free after the release")
+      assert.is_true(b:release())
+    end)
+
     it("release frees the name at once; a released handle can neither release nor extend again", function()
       local name = S.unique("lease")
       local h = assert(leases:try_acquire(name, 10))

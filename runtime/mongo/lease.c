@@ -2,7 +2,6 @@
  * changed through tickets like a delivery. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "mstore.h"
 #include "alloc.h"
 
@@ -70,8 +69,8 @@ static bson_t *lease_change(lease_job *q, const bson_t *cur, double now, double 
     }
 }
 
-/* One try; 1 when the change lost its version ticket to another write of the name (see
- * settle.c's run_round: another acquirer, or the holder's own renewal beside a release). */
+/* One try; 1 when the change lost its ticket to another write of the name (mg_cas_lost_ticket:
+ * another acquirer, or the holder's own extend beside a release), to be tried again. */
 static int lease_try(lease_job *q, mongoc_client_t *c)
 {
     mjob *j = &q->j;
@@ -93,7 +92,7 @@ static int lease_try(lease_job *q, mongoc_client_t *c)
                 q->acquired = 1;
                 q->expires = expires;
             } else {
-                lost = !op.code;
+                lost = mg_cas_lost_ticket(&op);
             }
         }
         mg_cas_clear(&op);      /* u with it */
@@ -104,15 +103,10 @@ static int lease_try(lease_job *q, mongoc_client_t *c)
     return lost;
 }
 
-#define LEASE_TRIES 8       /* as settle.c: waits of 1, 2, 4 ... ms between them */
-
 static void lease_work(mjob *j, mongoc_client_t *c)
 {
     lease_job *q = (lease_job *)j;
-    for (int t = 0; lease_try(q, c) && t + 1 < LEASE_TRIES && !j->err[0]; t++) {
-        struct timespec wait = {0, (1L << t) * 1000000L};
-        nanosleep(&wait, NULL);
-    }
+    for (int tries = 1; lease_try(q, c) && mg_cas_retry_wait(tries); tries++) {}
 }
 
 static void lease_done(mjob *j, const char *err)

@@ -152,7 +152,7 @@ typedef struct cas_op {
     int64_t old_v;
     bson_t *update;         /* owned; NULL deletes the document */
     int won;                /* out: the change was written */
-    int code;               /* out: server error code of the write, 0 if none */
+    int code;               /* out: server error code of the ticket or the write, 0 if none */
 } cas_op;
 
 void mg_cas_init(mstore *s, cas_op *op, const bson_t *cur, const char *prefix, bson_t *update);
@@ -160,6 +160,11 @@ void mg_cas_clear(cas_op *op);          /* frees what one op holds */
 void mg_cas_free(cas_op *ops, size_t n);
 int mg_cas_run(mjob *j, mongoc_client_t *c, const char *docs_name, cas_op *ops, size_t n,
                double now);
+/* A change that lost its ticket to a write beside it (not refused by the server) may be made
+ * again on a fresh read: mg_cas_lost_ticket says so, and mg_cas_retry_wait(tries) waits before
+ * the next try, 0 once the tries are spent (see tickets.c). */
+int mg_cas_lost_ticket(const cas_op *op);
+int mg_cas_retry_wait(int tries);
 
 /* ---- vcache.c ---- */
 void mg_vc_put(mstore *s, const char *id, const char *token, int64_t v, int64_t attempts,

@@ -2,7 +2,6 @@
  * and on FerretDB the version our claim cached (vcache.c) spares the read before it. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "mstore.h"
 #include "alloc.h"
 
@@ -12,9 +11,8 @@ typedef struct settle_job {
     size_t n;
 } settle_job;
 
-/* One round: ops on distinct deliveries. With lost non-NULL, the ops that lost their version
- * ticket to another write (see run_round) are moved to round[0..*lost) instead of being
- * reported unapplied. */
+/* One round: ops on distinct deliveries. The ops that lost their ticket to another write of
+ * ours (mg_cas_lost_ticket) are moved to round[0..*lost), unapplied, to be tried again. */
 static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m, double now,
                         size_t *lost)
 {
@@ -46,9 +44,9 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     if (r == 0) r = mg_cas_run(j, c, j->s->base.table, cas, k, now);
     mongoc_collection_t *qc = NULL;
     qbatch qb;
-    if (lost) *lost = 0;
+    *lost = 0;
     for (size_t i = 0; r == 0 && i < k; i++) {
-        if (lost && !cas[i].won && !cas[i].code) {
+        if (mg_cas_lost_ticket(&cas[i])) {
             mg_vc_drop(j->s, mine[i]->id);      /* read it again: the winner changed it */
             round[(*lost)++] = mine[i];
             continue;
@@ -83,27 +81,16 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     return r;
 }
 
-/* A write whose lease is still ours can lose its version ticket to another write of the same
- * run in flight beside it in another batch: the renewal beside ctx:extend_lease or a settle.
- * That is no lost lease, so the op is tried again on the version the other write left, after a
- * short wait (the winner may have taken the ticket and not written yet). A lease that another
- * worker took is seen at the next read (not held: unapplied), so fencing is unchanged. After
- * the last try the op is reported unapplied, as any write that lost. */
-#define TICKET_RETRIES 8    /* waits of 1, 2, 4 ... 128 ms: a quarter of a second at most */
-
+/* A round, then again its ops that lost their ticket to another write of ours while tries are
+ * left (mg_cas_retry_wait); those still lost then stay unapplied, as any write that lost. */
 static int run_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m)
 {
-    for (int t = 0; m > 0; t++) {
-        size_t lost = 0;
-        if (settle_round(j, c, round, m, mg_now(j->s), t < TICKET_RETRIES ? &lost : NULL) < 0)
-            return -1;
+    for (int tries = 1;; tries++) {
+        size_t lost;
+        if (settle_round(j, c, round, m, mg_now(j->s), &lost) < 0) return -1;
+        if (!lost || !mg_cas_retry_wait(tries)) return 0;
         m = lost;
-        if (m) {
-            struct timespec wait = {0, (1L << t) * 1000000L};
-            nanosleep(&wait, NULL);
-        }
     }
-    return 0;
 }
 
 /* The ids of the round being built: a small open-addressing set, since a batch holds hundreds

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "mstore.h"
 #include "alloc.h"
 
@@ -122,6 +123,7 @@ static int cas_take_tickets(mjob *j, mongoc_collection_t *docs, mongoc_collectio
     for (size_t i = 0; i < n; i++) {
         ops[i].won = codes[i] == 0;
         if (codes[i] == 11000) cas_pass_stale(docs, tk, &ops[i], now);
+        else if (codes[i]) ops[i].code = codes[i];  /* refused, not lost to another writer */
     }
     return 0;
 }
@@ -230,4 +232,23 @@ int mg_cas_run(mjob *j, mongoc_client_t *c, const char *docs_name, cas_op *ops, 
     mongoc_collection_destroy(tk);
     free(codes);
     return r;
+}
+
+/* A write whose lease is still ours can lose its ticket to another write of ours in flight
+ * beside it, in another batch: a delivery's renewal beside ctx:extend_lease or a settle, a
+ * named lease's extend beside its release. That is no lost lease, so the caller reads the
+ * document again and makes the change on the version the other write left. The wait lets a
+ * winner that took the ticket but has not written yet land first. Fencing is unchanged: a
+ * lease another worker took shows at that read (not held: nothing is written). After the last
+ * try the change counts as lost, as any write that lost. */
+#define CAS_TRIES 8         /* waits of 1, 2, 4 ... 64 ms between them: 127 ms at most */
+
+int mg_cas_lost_ticket(const cas_op *op) { return !op->won && !op->code; }
+
+int mg_cas_retry_wait(int tries)
+{
+    if (tries >= CAS_TRIES) return 0;
+    struct timespec wait = {0, (1L << (tries - 1)) * 1000000L};
+    nanosleep(&wait, NULL);
+    return 1;
 }
