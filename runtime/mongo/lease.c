@@ -1,5 +1,6 @@
 /* lease.c -- the MongoDB store's named leases: one document per name in <table>_leases,
  * changed through tickets like a delivery. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "mstore.h"
@@ -69,16 +70,20 @@ static bson_t *lease_change(lease_job *q, const bson_t *cur, double now, double 
     }
 }
 
-/* One try; 1 when the change lost its ticket to another write of the name (mg_cas_lost_ticket:
- * another acquirer, or the holder's own extend beside a release), to be tried again. */
-static int lease_try(lease_job *q, mongoc_client_t *c)
+static void lease_work(mjob *j, mongoc_client_t *c)
 {
-    mjob *j = &q->j;
+    lease_job *q = (lease_job *)j;
     double now = mg_now(j->s);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->leases);
     bson_t sel = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&sel, "_id", q->name);
-    int failed = 0, lost = 0;
+    int failed = 0;
+    /* held from the read to the write, as a delivery (busy.c): the holder's own extend and
+     * release in flight at once then wait for each other instead of taking one ticket */
+    char key[300];
+    snprintf(key, sizeof key, "lease:%s", q->name);
+    mg_busy held = {key, NULL};
+    mg_busy_take(j->s, &held, 1);
     bson_t *cur = mg_find_one(j, cl, &sel, NULL, &failed);
     double expires = 0;
     bson_t *u = (cur && !failed) ? lease_change(q, cur, now, &expires) : NULL;
@@ -87,26 +92,16 @@ static int lease_try(lease_job *q, mongoc_client_t *c)
     } else if (u) {
         cas_op op;
         mg_cas_init(j->s, &op, cur, "l", u);
-        if (mg_cas_run(j, c, j->s->leases, &op, 1, now) == 0) {
-            if (op.won) {
-                q->acquired = 1;
-                q->expires = expires;
-            } else {
-                lost = mg_cas_lost_ticket(&op);
-            }
+        if (mg_cas_run(j, c, j->s->leases, &op, 1, now) == 0 && op.won) {
+            q->acquired = 1;
+            q->expires = expires;
         }
         mg_cas_clear(&op);      /* u with it */
     }
+    mg_busy_give(j->s, &held, 1);
     if (cur) bson_destroy(cur);
     bson_destroy(&sel);
     mongoc_collection_destroy(cl);
-    return lost;
-}
-
-static void lease_work(mjob *j, mongoc_client_t *c)
-{
-    lease_job *q = (lease_job *)j;
-    for (int tries = 1; lease_try(q, c) && mg_cas_retry_wait(tries); tries++) {}
 }
 
 static void lease_done(mjob *j, const char *err)

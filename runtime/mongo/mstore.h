@@ -47,11 +47,18 @@
 #define BATCH_ROUND 500         /* kick/purge rows per round */
 #define ERRLEN 320
 #define VC_BUCKETS 4096
+#define BUSY_BUCKETS 1024
 #define QUEUE_ORPHAN_S 60.0
 #define QUEUE_READ_MAX 600
 
 typedef struct mstore mstore;
 typedef struct mjob mjob;
+
+/* A key a job holds while it writes a document (busy.c); the job owns the node. */
+typedef struct mg_busy {
+    const char *key;            /* NULL: nothing to hold */
+    struct mg_busy *next;
+} mg_busy;
 
 struct rb_tx {
     mstore *s;                  /* NULL once the store closed under it */
@@ -89,6 +96,9 @@ struct mstore {
     rb_tx *txs;                     /* open transactions (loop thread) */
     struct vce *vc[VC_BUCKETS];     /* FerretDB: versions our own claims wrote (mu) */
     size_t vc_n;
+    pthread_mutex_t busy_mu;        /* busy.c: the documents jobs are writing now */
+    pthread_cond_t busy_cv;
+    mg_busy *busy[BUSY_BUCKETS];
 };
 
 extern const char *const MG_STORE_CLOSED;
@@ -160,11 +170,12 @@ void mg_cas_clear(cas_op *op);          /* frees what one op holds */
 void mg_cas_free(cas_op *ops, size_t n);
 int mg_cas_run(mjob *j, mongoc_client_t *c, const char *docs_name, cas_op *ops, size_t n,
                double now);
-/* A change that lost its ticket to a write beside it (not refused by the server) may be made
- * again on a fresh read: mg_cas_lost_ticket says so, and mg_cas_retry_wait(tries) waits before
- * the next try, 0 once the tries are spent (see tickets.c). */
-int mg_cas_lost_ticket(const cas_op *op);
-int mg_cas_retry_wait(int tries);
+
+/* ---- busy.c ---- */
+/* Holds the keys of held[0..n) (waiting until no other job holds any of them), then gives
+ * them back: a process writes one document at a time (see busy.c). */
+void mg_busy_take(mstore *s, mg_busy *held, size_t n);
+void mg_busy_give(mstore *s, mg_busy *held, size_t n);
 
 /* ---- vcache.c ---- */
 void mg_vc_put(mstore *s, const char *id, const char *token, int64_t v, int64_t attempts,

@@ -23,6 +23,8 @@ static void store_free(mstore *s)
     free(s->base.table);
     mg_vc_clear(s);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->busy_mu);
+    pthread_cond_destroy(&s->busy_cv);
     free(s);
 }
 
@@ -131,6 +133,8 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     s->tickets = rb_malloc(n);
     s->queue = rb_malloc(n);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->busy_mu, NULL);
+    pthread_cond_init(&s->busy_cv, NULL);
     if (!s->base.table || !s->leases || !s->tickets || !s->queue) {
         store_free(s);
         return NULL;

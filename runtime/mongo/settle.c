@@ -11,11 +11,19 @@ typedef struct settle_job {
     size_t n;
 } settle_job;
 
-/* One round: ops on distinct deliveries. The ops that lost their ticket to another write of
- * ours (mg_cas_lost_ticket) are moved to round[0..*lost), unapplied, to be tried again. */
-static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m, double now,
-                        size_t *lost)
+/* One round: ops on distinct deliveries, each read, then written through its ticket. The
+ * round holds its deliveries (busy.c) from the read until the version cache has the write, so
+ * that another job of ours on one of them (a renewal beside ctx:extend_lease) waits instead of
+ * taking its ticket. */
+static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m, double now)
 {
+    mg_busy *held = rb_calloc(m, sizeof *held);
+    if (!held) {
+        mg_fail(j, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < m; i++) held[i].key = round[i]->id;
+    mg_busy_take(j->s, held, m);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     cas_op *cas = rb_calloc(m, sizeof *cas);
     rb_settle_op **mine = rb_calloc(m, sizeof *mine);
@@ -44,13 +52,7 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     if (r == 0) r = mg_cas_run(j, c, j->s->base.table, cas, k, now);
     mongoc_collection_t *qc = NULL;
     qbatch qb;
-    *lost = 0;
     for (size_t i = 0; r == 0 && i < k; i++) {
-        if (mg_cas_lost_ticket(&cas[i])) {
-            mg_vc_drop(j->s, mine[i]->id);      /* read it again: the winner changed it */
-            round[(*lost)++] = mine[i];
-            continue;
-        }
         mine[i]->applied = cas[i].won;
         if (cas[i].won && mine[i]->kind == RB_OP_EXTEND) {
             mine[i]->lease_expires_at = ext[i];
@@ -72,6 +74,8 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
         mongoc_collection_destroy(qc);
     }
     for (size_t i = 0; r < 0 && i < k; i++) mg_vc_drop(j->s, mine[i]->id);
+    mg_busy_give(j->s, held, m);     /* last: the version cache is up to date now */
+    free(held);
     if (cas) mg_cas_free(cas, k);
     free(mine);
     free(att);
@@ -79,18 +83,6 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     free(ext);
     if (r < 0 && !j->err[0]) mg_fail(j, "out of memory");
     return r;
-}
-
-/* A round, then again its ops that lost their ticket to another write of ours while tries are
- * left (mg_cas_retry_wait); those still lost then stay unapplied, as any write that lost. */
-static int run_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m)
-{
-    for (int tries = 1;; tries++) {
-        size_t lost;
-        if (settle_round(j, c, round, m, mg_now(j->s), &lost) < 0) return -1;
-        if (!lost || !mg_cas_retry_wait(tries)) return 0;
-        m = lost;
-    }
 }
 
 /* The ids of the round being built: a small open-addressing set, since a batch holds hundreds
@@ -148,7 +140,7 @@ static void settle_work(mjob *j, mongoc_client_t *c)
     for (size_t left = q->n; left > 0;) {
         size_t m = next_round(q, done, &set, round);
         left -= m;
-        if (run_round(j, c, round, m) < 0) break;
+        if (settle_round(j, c, round, m, mg_now(j->s)) < 0) break;
     }
     free(set.slot);
     free(done);

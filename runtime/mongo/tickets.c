@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "mstore.h"
 #include "alloc.h"
 
@@ -234,21 +233,3 @@ int mg_cas_run(mjob *j, mongoc_client_t *c, const char *docs_name, cas_op *ops, 
     return r;
 }
 
-/* A write whose lease is still ours can lose its ticket to another write of ours in flight
- * beside it, in another batch: a delivery's renewal beside ctx:extend_lease or a settle, a
- * named lease's extend beside its release. That is no lost lease, so the caller reads the
- * document again and makes the change on the version the other write left. The wait lets a
- * winner that took the ticket but has not written yet land first. Fencing is unchanged: a
- * lease another worker took shows at that read (not held: nothing is written). After the last
- * try the change counts as lost, as any write that lost. */
-#define CAS_TRIES 8         /* waits of 1, 2, 4 ... 64 ms between them: 127 ms at most */
-
-int mg_cas_lost_ticket(const cas_op *op) { return !op->won && !op->code; }
-
-int mg_cas_retry_wait(int tries)
-{
-    if (tries >= CAS_TRIES) return 0;
-    struct timespec wait = {0, (1L << (tries - 1)) * 1000000L};
-    nanosleep(&wait, NULL);
-    return 1;
-}
