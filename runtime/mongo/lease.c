@@ -73,7 +73,6 @@ static bson_t *lease_change(lease_job *q, const bson_t *cur, double now, double 
 static void lease_work(mjob *j, mongoc_client_t *c)
 {
     lease_job *q = (lease_job *)j;
-    double now = mg_now(j->s);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->leases);
     bson_t sel = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&sel, "_id", q->name);
@@ -84,6 +83,7 @@ static void lease_work(mjob *j, mongoc_client_t *c)
     snprintf(key, sizeof key, "lease:%s", q->name);
     mg_busy held = {key, NULL};
     mg_busy_take(j->s, &held, 1);
+    double now = mg_now(j->s);      /* after any wait for another job's write */
     bson_t *cur = mg_find_one(j, cl, &sel, NULL, &failed);
     double expires = 0;
     bson_t *u = (cur && !failed) ? lease_change(q, cur, now, &expires) : NULL;

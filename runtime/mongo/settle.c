@@ -15,7 +15,7 @@ typedef struct settle_job {
  * round holds its deliveries (busy.c) from the read until the version cache has the write, so
  * that another job of ours on one of them (a renewal beside ctx:extend_lease) waits instead of
  * taking its ticket. */
-static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m, double now)
+static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m)
 {
     mg_busy *held = rb_calloc(m, sizeof *held);
     if (!held) {
@@ -24,6 +24,7 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     }
     for (size_t i = 0; i < m; i++) held[i].key = round[i]->id;
     mg_busy_take(j->s, held, m);
+    double now = mg_now(j->s);      /* after any wait for another job's write */
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     cas_op *cas = rb_calloc(m, sizeof *cas);
     rb_settle_op **mine = rb_calloc(m, sizeof *mine);
@@ -140,7 +141,7 @@ static void settle_work(mjob *j, mongoc_client_t *c)
     for (size_t left = q->n; left > 0;) {
         size_t m = next_round(q, done, &set, round);
         left -= m;
-        if (settle_round(j, c, round, m, mg_now(j->s)) < 0) break;
+        if (settle_round(j, c, round, m) < 0) break;
     }
     free(set.slot);
     free(done);
