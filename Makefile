@@ -1,5 +1,7 @@
 # relaybus -- build the command, the Lua module and the C library.
-#   make            build/relaybus, build/relaybus.so, build/librelaybus.{a,so}, build/relaybus.pc
+#   make            build/relaybus, build/relaybus.so and the optional parts beside them
+#                   (build/relaybus_{pg,mongo,http,serve}.so), build/librelaybus.{a,so},
+#                   build/relaybus.pc
 #   make test       the specs (scripts/test.sh)
 #   make bench      benchmarks that print figures (bench/run.sh)
 #   make asan       the same artefacts with AddressSanitizer/UBSan in build-asan/
@@ -10,7 +12,14 @@
 PREFIX  ?= /usr/local
 BUILD   ?= build
 CC      ?= cc
-PKGS     = lua5.4 sqlite3 libpq libmongoc-1.0 libcurl libcrypto jansson libmicrohttpd
+# The core's libraries, then each optional part's (runtime/plugin.h): the command and the Lua
+# module load those parts from relaybus_NAME.so on first use; the C libraries link them in.
+CORE_PKGS  = lua5.4 sqlite3 jansson
+PG_PKGS    = libpq
+MONGO_PKGS = libmongoc-1.0
+HTTP_PKGS  = libcurl libcrypto
+SERVE_PKGS = libmicrohttpd
+PKGS     = $(CORE_PKGS) $(PG_PKGS) $(MONGO_PKGS) $(HTTP_PKGS) $(SERVE_PKGS)
 ASAN_SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer
 ASAN_OPT      = -O1 -g
 # build-asan always holds the sanitized build, whichever target makes it.
@@ -24,6 +33,7 @@ CFLAGS  ?=
 ALL_CFLAGS = $(OPT) $(CFLAGS) $(DEBUG_DEFS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
            -I/usr/include/postgresql $(shell pkg-config --cflags $(PKGS))
 LDLIBS   = $(shell pkg-config --libs $(PKGS)) -lev -lm -lpthread
+CORE_LDLIBS = $(shell pkg-config --libs $(CORE_PKGS)) -lev -lm -lpthread -ldl
 SANITIZE ?=
 ALL_CFLAGS += $(SANITIZE)
 # A generator that fails (say lua5.4 not installed yet) must not leave an empty header behind
@@ -31,9 +41,20 @@ ALL_CFLAGS += $(SANITIZE)
 .DELETE_ON_ERROR:
 LDFLAGS += $(SANITIZE)
 
-RUNTIME_SRC  = $(wildcard runtime/*.c runtime/mongo/*.c)
+# plugin_dlopen.c is the command's and the Lua module's; the libraries have plugin_static.c.
+RUNTIME_SRC  = $(filter-out runtime/plugin_dlopen.c,$(wildcard runtime/*.c runtime/mongo/*.c))
 BINDING_SRC  = $(wildcard bindings/*.c)
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
+# The optional parts' objects, and the core the command and the Lua module are made of.
+PG_OBJ       = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/store_pg*.c))
+MONGO_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/mongo/*.c))
+HTTP_OBJ     = $(BUILD)/runtime/http.o
+SERVE_OBJ    = $(BUILD)/runtime/dashboard.o
+PLUGIN_OBJ   = $(PG_OBJ) $(MONGO_OBJ) $(HTTP_OBJ) $(SERVE_OBJ)
+CORE_OBJ     = $(filter-out $(PLUGIN_OBJ) $(BUILD)/runtime/plugin_static.o,$(RUNTIME_OBJ)) \
+               $(BUILD)/runtime/plugin_dlopen.o $(BINDING_OBJ)
+PLUGINS      = $(BUILD)/relaybus_pg.so $(BUILD)/relaybus_mongo.so $(BUILD)/relaybus_http.so \
+               $(BUILD)/relaybus_serve.so
 # ar keeps one member per file name: two sources of one name would lose one of them.
 ifneq ($(words $(notdir $(RUNTIME_SRC) $(BINDING_SRC))),$(words $(sort $(notdir $(RUNTIME_SRC) $(BINDING_SRC)))))
 $(error two sources in runtime/ and bindings/ share a file name; the archive would keep one)
@@ -41,8 +62,11 @@ endif
 BINDING_OBJ  = $(BINDING_SRC:%.c=$(BUILD)/%.o)
 HEADERS      = $(wildcard runtime/*.h runtime/mongo/*.h bindings/*.h)
 
-all: $(BUILD)/relaybus $(BUILD)/relaybus.so $(BUILD)/librelaybus.a $(BUILD)/librelaybus.so \
-     $(BUILD)/relaybus.pc
+all: $(BUILD)/relaybus $(BUILD)/relaybus.so $(PLUGINS) $(BUILD)/librelaybus.a \
+     $(BUILD)/librelaybus.so $(BUILD)/relaybus.pc
+
+# What luarocks builds (relaybus-scm-1.rockspec): the Lua module and its optional parts.
+lua-module: $(BUILD)/relaybus.so $(PLUGINS)
 
 $(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -89,11 +113,23 @@ $(BUILD)/librelaybus.so: $(RUNTIME_OBJ) $(BINDING_OBJ)
 	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The Lua module: the host interpreter provides the Lua symbols.
-$(BUILD)/relaybus.so: $(RUNTIME_OBJ) $(BINDING_OBJ)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(filter-out -llua5.4,$(LDLIBS))
+$(BUILD)/relaybus.so: $(CORE_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(filter-out -llua5.4,$(CORE_LDLIBS))
 
-$(BUILD)/relaybus: $(BUILD)/cmd/main.o $(RUNTIME_OBJ) $(BINDING_OBJ)
-	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LDLIBS)
+# -E: the plugins (and Lua C modules) call the command's own functions.
+$(BUILD)/relaybus: $(BUILD)/cmd/main.o $(CORE_OBJ)
+	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(CORE_LDLIBS)
+
+# The optional parts: what they call of relaybus itself comes from the command or the module
+# that loads them.
+$(BUILD)/relaybus_pg.so: $(PG_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(shell pkg-config --libs $(PG_PKGS))
+$(BUILD)/relaybus_mongo.so: $(MONGO_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(shell pkg-config --libs $(MONGO_PKGS))
+$(BUILD)/relaybus_http.so: $(HTTP_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(shell pkg-config --libs $(HTTP_PKGS))
+$(BUILD)/relaybus_serve.so: $(SERVE_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(shell pkg-config --libs $(SERVE_PKGS))
 
 # pkg-config files: the prefix is the one given to the make that writes them, so install
 # writes them again for its own PREFIX. The libraries relaybus needs are listed as linker
@@ -187,7 +223,7 @@ install: all
 	  $(DESTDIR)$(PREFIX)/include/relaybus $(DESTDIR)$(PREFIX)/lib/lua/5.4
 	install -m755 $(BUILD)/relaybus $(DESTDIR)$(PREFIX)/bin/
 	install -m644 $(BUILD)/librelaybus.a $(BUILD)/librelaybus.so $(DESTDIR)$(PREFIX)/lib/
-	install -m644 $(BUILD)/relaybus.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/
+	install -m644 $(BUILD)/relaybus.so $(PLUGINS) $(DESTDIR)$(PREFIX)/lib/lua/5.4/
 	$(call write_pc,$(PREFIX),relaybus.pc.in,$(DESTDIR)$(PREFIX)/lib/pkgconfig/relaybus.pc)
 	$(call write_pc,$(PREFIX),relaybus-static.pc.in,$(DESTDIR)$(PREFIX)/lib/pkgconfig/relaybus-static.pc)
 	sed 's|^#include "\(.*\)"|#include "relaybus/\1"|' runtime/relaybus.h \
@@ -236,4 +272,4 @@ build-fuzz/fuzz/%: fuzz/%_fuzz.c build-fuzz/librelaybus.a build-fuzz/cli_lua.h
 clean:
 	rm -rf build build-asan build-fuzz build-tsan
 
-.PHONY: all examples ctest install test bench asan tsan fuzz clean
+.PHONY: all lua-module examples ctest install test bench asan tsan fuzz clean

@@ -11,13 +11,11 @@
 #include <strings.h>
 #include <lua.h>
 #include <lauxlib.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include "base64.h"
 #include "clock.h"
 #include "http.h"
 #include "internal.h"
+#include "plugin.h"
 #include "text.h"
 
 #define STATE_KEY "relaybus.http.transport"   /* registry: the userdata */
@@ -27,6 +25,7 @@
  * of the Lua state, possibly after the userdata that owns the transport was collected. */
 typedef struct transport {
     rb_http *h;
+    const rb_http_plugin *p;    /* h's plugin (plugin.h) */
     rb_module *m;
     int collected;      /* our userdata's __gc ran: the module's closing call frees us */
     int closed;         /* the module's closing call came first: our __gc frees us */
@@ -36,6 +35,7 @@ typedef struct transport {
 typedef struct call {
     rb_await *w;
     rb_http_transfer *t;
+    const rb_http_plugin *p;    /* t's plugin */
 } call;
 
 /* ---- the transport of this module ---- */
@@ -49,7 +49,7 @@ static void on_module_cut(void *ud)
     if (tp->collected) {
         free(tp);
     } else {
-        rb_http_free(tp->h);
+        tp->p->free_transport(tp->h);
         tp->h = NULL;
         tp->closed = 1;
     }
@@ -65,22 +65,35 @@ static int state_gc(lua_State *L)
     if (tp->closed) {
         free(tp);
     } else {
-        rb_http_free(tp->h);
+        tp->p->free_transport(tp->h);
         tp->h = NULL;
         tp->collected = 1;
     }
     return 0;
 }
 
-static rb_http *get_transport(lua_State *L)
+/* The HTTP plugin (plugin.h), loaded on first use; raises when it cannot be. */
+static const rb_http_plugin *http_plugin(lua_State *L, const char *fn)
+{
+    char err[512];
+    const rb_http_plugin *p = rb_plugin_get(RB_PLUGIN_HTTP, err, sizeof err);
+    if (!p) luaL_error(L, "relaybus: %s: %s", fn, err);
+    return p;
+}
+
+/* The module's transport, made on first use; NULL with the reason in err when the HTTP
+ * plugin cannot be loaded. */
+static transport *get_transport(lua_State *L, char *err, size_t errlen)
 {
     if (lua_getfield(L, LUA_REGISTRYINDEX, STATE_KEY) == LUA_TUSERDATA) {
         transport **ud = lua_touserdata(L, -1);
         lua_pop(L, 1);
-        if (*ud && (*ud)->h) return (*ud)->h;
+        if (*ud && (*ud)->h) return *ud;
         rb_misuse(L, "http: the transport is closed");
     }
     lua_pop(L, 1);
+    const rb_http_plugin *p = rb_plugin_get(RB_PLUGIN_HTTP, err, errlen);
+    if (!p) return NULL;
     rb_module *m = rb_module_get(L);
     transport **ud = lua_newuserdatauv(L, sizeof *ud, 0);
     *ud = NULL;
@@ -90,15 +103,19 @@ static rb_http *get_transport(lua_State *L)
     }
     lua_setmetatable(L, -2);
     transport *tp = rb_calloc(1, sizeof *tp);
-    if (tp) tp->m = m;
-    if (!tp || !(tp->h = rb_http_new(rb_module_loop(m)))) {
+    if (tp) {
+        tp->m = m;
+        tp->p = p;
+    }
+    if (!tp || !(tp->h = p->new_transport(rb_module_loop(m)))) {
         free(tp);
         rb_misuse(L, "http: cannot create the transport (out of memory)");
+        return NULL;
     }
     *ud = tp;
     lua_setfield(L, LUA_REGISTRYINDEX, STATE_KEY);
     rb_module_on_cut(m, on_module_cut, tp);
-    return tp->h;
+    return tp;
 }
 
 /* ---- reading the options ---- */
@@ -304,7 +321,7 @@ static void on_done(void *ud, const char *err, const rb_http_response *resp)
 static void on_cancel(void *ud)
 {
     call *c = ud;
-    rb_http_cancel(c->t);
+    c->p->cancel(c->t);
     free(c);
 }
 
@@ -314,13 +331,19 @@ static int l_request(lua_State *L)
 {
     rb_http_request req;
     read_request(L, &req);
-    rb_http *h = get_transport(L);
+    char err[512];
+    transport *tp = get_transport(L, err, sizeof err);
+    if (!tp) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
     call *c = rb_calloc(1, sizeof *c);
     if (!c) rb_misuse(L, "http.request: out of memory");
-    char err[256];
+    c->p = tp->p;
     /* Started before the await begins: a bad URL returns nil, err with nothing to undo. The
      * transport calls back only from the loop, so c->w is set before on_done can run. */
-    c->t = rb_http_start(h, &req, on_done, c, err, sizeof err);
+    c->t = tp->p->start(tp->h, &req, on_done, c, err, sizeof err);
     if (!c->t) {
         free(c);
         lua_pushnil(L);
@@ -329,7 +352,7 @@ static int l_request(lua_State *L)
     }
     rb_await *w = rb_await_begin(L);
     if (!w) {
-        rb_http_cancel(c->t);
+        c->p->cancel(c->t);
         free(c);
         return 2;
     }
@@ -338,18 +361,20 @@ static int l_request(lua_State *L)
     return rb_await_finish(L, w);
 }
 
-/* Pushes bytes in the encoding named by argument `arg`: "hex" (the default), "base64", "raw". */
+/* Pushes a digest (at most 32 bytes) in the encoding named by argument `arg`: "hex" (the
+ * default), "base64", "raw". */
 static int push_encoded(lua_State *L, int arg, const unsigned char *p, size_t n)
 {
     static const char *const names[] = {"hex", "base64", "raw", NULL};
     int how = luaL_checkoption(L, arg, "hex", names);
+    if (n > 32) n = 32;     /* the buffers below */
     if (how == 2) {
         lua_pushlstring(L, (const char *)p, n);
     } else if (how == 1) {
-        char out[RB_BASE64_ENCODED_SIZE(EVP_MAX_MD_SIZE)];
+        char out[RB_BASE64_ENCODED_SIZE(32)];
         lua_pushlstring(L, out, rb_base64_encode(p, n, out));
     } else {
-        char hex[2 * EVP_MAX_MD_SIZE + 1];
+        char hex[2 * 32 + 1];
         for (size_t i = 0; i < n; i++) {
             hex[2 * i] = "0123456789abcdef"[p[i] >> 4];
             hex[2 * i + 1] = "0123456789abcdef"[p[i] & 15];
@@ -365,12 +390,11 @@ static int l_hmac_sha256(lua_State *L)
     size_t klen, dlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *data = luaL_checklstring(L, 2, &dlen);
-    unsigned char mac[EVP_MAX_MD_SIZE];
-    unsigned int maclen = 0;
+    unsigned char mac[32];
     if (klen > INT_MAX) rb_misuse(L, "http.hmac_sha256: the key is too long");
-    if (!HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)data, dlen, mac, &maclen))
+    if (http_plugin(L, "http.hmac_sha256")->hmac_sha256(key, klen, data, dlen, mac) != 0)
         rb_misuse(L, "http.hmac_sha256: HMAC failed");
-    return push_encoded(L, 3, mac, maclen);
+    return push_encoded(L, 3, mac, sizeof mac);
 }
 
 static int l_base64_encode(lua_State *L)
@@ -406,7 +430,8 @@ static int l_equal(lua_State *L)
     size_t an, bn;
     const char *a = luaL_checklstring(L, 1, &an);
     const char *b = luaL_checklstring(L, 2, &bn);
-    lua_pushboolean(L, an == bn && CRYPTO_memcmp(a, b, an) == 0);
+    const rb_http_plugin *p = http_plugin(L, "http.equal");
+    lua_pushboolean(L, an == bn && p->equal(a, b, an));
     return 1;
 }
 

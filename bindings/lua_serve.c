@@ -1,7 +1,8 @@
 /* lua_serve.c -- relaybus.serve{store = s, listen = "HOST:PORT", token = T}: the dashboard
  * (runtime/dashboard.h) on the module's loop. Its /metrics carries the metrics of every
  * dispatcher of this Lua state: the first serve makes the module's rb_metrics and attaches it
- * to the dispatchers there are, lua_dispatcher.c attaches it to those made later. A server
+ * to the dispatchers there are, lua_dispatcher.c attaches it to those made later. The server
+ * is the serve plugin (plugin.h), loaded by the first serve. A server
  * counts as busy (relaybus.run() goes on while one runs) and rb_lua_stop_all stops it. */
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +10,13 @@
 #include "dashboard.h"
 #include "metrics.h"
 #include "log.h"
+#include "plugin.h"
 
 #define RB_SERVER_MT "relaybus.server"
 
 struct lua_server {
     rb_dashboard *dash;         /* NULL once stopped */
+    const rb_serve_plugin *p;   /* dash's plugin (plugin.h) */
     rb_module *m;
     lua_store *st;
     int store_ref;
@@ -36,7 +39,7 @@ rb_metrics *rb_lua_metrics(rb_module *m, int create)
 static void server_stop(lua_State *L, lua_server *sv)
 {
     if (!sv->dash) return;
-    rb_dashboard_free(sv->dash);
+    sv->p->free_server(sv->dash);
     sv->dash = NULL;
     rb_module *m = sv->m;
     for (lua_server **p = &m->servers; *p; p = &(*p)->next)
@@ -82,8 +85,15 @@ static int l_serve(lua_State *L)
     int store_idx = lua_gettop(L);
     lua_store *st = rb_lua_store_object(L, store_idx);
     rb_store *s = rb_lua_check_store(L, store_idx);
+    char err[512];
+    const rb_serve_plugin *p = rb_plugin_get(RB_PLUGIN_SERVE, err, sizeof err);
+    if (!p) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
     rb_dashboard_options o;
-    rb_dashboard_options_init(&o);
+    p->options_init(&o);
     const char *listen = opt_string(L, "listen");
     if (listen) o.listen = listen;
     o.token = opt_string(L, "token");
@@ -98,8 +108,8 @@ static int l_serve(lua_State *L)
     sv->st = st;
     sv->store_ref = sv->self_ref = LUA_NOREF;
     luaL_setmetatable(L, RB_SERVER_MT);
-    char err[256];
-    sv->dash = rb_dashboard_new(m->loop, s, &o, err, sizeof err);
+    sv->p = p;
+    sv->dash = p->new_server(m->loop, s, &o, err, sizeof err);
     if (!sv->dash) {
         lua_pushnil(L);
         lua_pushstring(L, err);
@@ -113,7 +123,7 @@ static int l_serve(lua_State *L)
     sv->next = m->servers;
     m->servers = sv;
     m->nservers++;
-    rb_log(RB_LOG_INFO, "dashboard: serving %s%s", rb_dashboard_url(sv->dash),
+    rb_log(RB_LOG_INFO, "dashboard: serving %s%s", p->url(sv->dash),
            o.token ? "" : " (read-only: no token)");
     return 1;
 }
@@ -127,7 +137,7 @@ static int l_url(lua_State *L)
 {
     lua_server *sv = check_server(L);
     if (!sv->dash) return rb_misuse(L, "server is stopped");
-    lua_pushstring(L, rb_dashboard_url(sv->dash));
+    lua_pushstring(L, sv->p->url(sv->dash));
     return 1;
 }
 
@@ -135,7 +145,7 @@ static int l_port(lua_State *L)
 {
     lua_server *sv = check_server(L);
     if (!sv->dash) return rb_misuse(L, "server is stopped");
-    lua_pushinteger(L, rb_dashboard_port(sv->dash));
+    lua_pushinteger(L, sv->p->port(sv->dash));
     return 1;
 }
 

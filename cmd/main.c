@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <sys/mman.h>
 
 #include <ev.h>
 #include <lua.h>
@@ -116,21 +115,13 @@ static void print_error(const char *msg)
     fflush(stderr);
 }
 
-/* libmongoc initialises itself before main() and keeps counters in /dev/shm/mongoc-PID; a
- * file left by a killed process whose PID we now reuse makes it print a warning, which
- * would break the one-line stderr promise. Without shared-memory counters nothing is left
- * behind, so start once more with them off (the environment must say so before the
- * library loads). */
-static void without_mongoc_shm(char **argv)
+/* libmongoc keeps counters in /dev/shm/mongoc-PID from the moment it loads; a file left by a
+ * killed process whose PID we now reuse makes it print a warning, which would break the
+ * one-line stderr promise. Without shared-memory counters nothing is left behind. The
+ * MongoDB plugin (runtime/plugin.h) loads libmongoc on first use, after this. */
+static void without_mongoc_shm(void)
 {
-    if (getenv("MONGOC_DISABLE_SHM")) return;
-    setenv("MONGOC_DISABLE_SHM", "1", 1);
-    /* This process's counters file was just made; exec runs no destructor to remove it. */
-    char name[64];
-    snprintf(name, sizeof name, "/mongoc-%d", (int)getpid());
-    shm_unlink(name);
-    execv("/proc/self/exe", argv);
-    /* exec failed (no /proc): go on; at worst the warning appears */
+    setenv("MONGOC_DISABLE_SHM", "1", 0);
 }
 
 /* require "relaybus" finds the built-in module; arg is set as lua5.4 sets it: arg[0] the
@@ -178,7 +169,7 @@ static void push_host_helpers(lua_State *L)
 
 int main(int argc, char **argv)
 {
-    without_mongoc_shm(argv);
+    without_mongoc_shm();
     struct ev_loop *loop = ev_default_loop(0);
     if (!loop) {
         fputs("relaybus: cannot initialise the event loop\n", stderr);

@@ -22,6 +22,7 @@
 #include "timer.h"
 #include "dashboard_assets.h"
 #include "list.h"
+#include "plugin.h"
 
 #define MAX_CONNECTIONS 256
 #define PER_IP_CONNECTIONS 64
@@ -848,3 +849,9 @@ void rb_dashboard_free(rb_dashboard *d)
     free(d->token);
     free(d);
 }
+
+/* Its table for plugin.h: the command and the Lua module load it from relaybus_serve.so. */
+const rb_serve_plugin rb_plugin_serve = {
+    rb_dashboard_options_init, rb_dashboard_new, rb_dashboard_url, rb_dashboard_port,
+    rb_dashboard_free,
+};

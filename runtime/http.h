@@ -80,6 +80,9 @@ int rb_http_valid_url_text(const char *url, size_t n);
  * is Content-Length or Transfer-Encoding (the transport frames the body itself); else -1
  * with one line in err, naming what is wrong but never quoting a value or the URL. */
 int rb_http_check(const rb_http_request *req, char *err, size_t errlen);
+/* 1 when the header line ("Name: value", or curl's "Name;" for an empty value) names `name`,
+ * in any case. */
+int rb_http_header_is(const char *line, const char *name);
 
 /* ---- parsing what a server sends ---- */
 

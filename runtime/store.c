@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <sys/random.h>
 #include "store.h"
+#include "plugin.h"
 #include "text.h"
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -105,17 +106,19 @@ rb_store *rb_store_open(struct ev_loop *loop, const char *url, const rb_store_op
     /* The drivers' messages may quote parts of the URL, its password among them: they write
      * to raw, which is cleaned into err. */
     char raw[2048] = "", clean[sizeof raw];
-    switch (rb_store_parse_url(url, &path, err, errlen)) {
+    rb_store_kind kind = rb_store_parse_url(url, &path, err, errlen);
+    switch (kind) {
     case RB_STORE_SQLITE: {
         s = rb_sqlite_open(loop, path, &o, raw, sizeof raw);
         break;
     }
     case RB_STORE_PG:
-        s = rb_pg_open(loop, url, &o, raw, sizeof raw);
+    case RB_STORE_MONGO: {
+        const rb_store_plugin *p = rb_plugin_get(
+            kind == RB_STORE_PG ? RB_PLUGIN_PG : RB_PLUGIN_MONGO, raw, sizeof raw);
+        if (p) s = p->open(loop, url, &o, raw, sizeof raw);
         break;
-    case RB_STORE_MONGO:
-        s = rb_mongo_open(loop, url, &o, raw, sizeof raw);
-        break;
+    }
     default:
         return NULL;
     }

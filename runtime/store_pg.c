@@ -27,6 +27,7 @@
 #include "store_pg.h"
 #include "store_pg_schema.h"
 #include "store_pg_impl.h"
+#include "plugin.h"
 
 const char pg_closed_msg[] = "postgresql: store closed";
 
@@ -1396,3 +1397,6 @@ rb_store *rb_pg_open(struct ev_loop *loop, const char *conninfo, const rb_store_
     }
     return &s->base;
 }
+
+/* Its table for plugin.h: the command and the Lua module load it from relaybus_pg.so. */
+const rb_store_plugin rb_plugin_pg = { rb_pg_open };

@@ -59,6 +59,31 @@ describe("make install", function()
     end)
   end
 
+  -- The optional parts (docs/lua.md, "Optional parts") go beside the Lua module, where the
+  -- installed command and the module both find them.
+  it("the installed command and Lua module load the optional parts from lib/lua/5.4", function()
+    local script = S.tmpfile("parts") .. ".lua"
+    S.write(script, [[
+local relaybus = require "relaybus"
+print(select(2, relaybus.open("postgresql://127.0.0.1:1/none?connect_timeout=2")))
+print(relaybus.http.hmac_sha256("key", "data"))
+]])
+    local want = "^postgresql: connection to server[^\n]*\n"
+      .. "5031fe3d989c6d1537a013fa6e739da23463fdaec3b70137d828e36ace221bd0\n$"
+    for _, part in ipairs { "relaybus_pg.so", "relaybus_mongo.so", "relaybus_http.so", "relaybus_serve.so" } do
+      assert.is_true(S.exists(prefix .. "/lib/lua/5.4/" .. part), part .. " is not installed")
+    end
+    local ok, out = sh(S.quote(prefix .. "/bin/relaybus") .. " run " .. S.quote(script))
+    assert.is_true(ok, out)
+    assert.truthy(out:find(want), out)
+    if not sanitized then    -- a stock interpreter cannot load a sanitized module
+      ok, out = sh("env -u LD_PRELOAD LUA_CPATH=" .. S.quote(prefix .. "/lib/lua/5.4/?.so") .. " lua5.4 "
+        .. S.quote(script))
+      assert.is_true(ok, out)
+      assert.truthy(out:find(want), out)
+    end
+  end)
+
   it("pkg-config --static asks only for libraries that exist here", function()
     local ok, out = sh(pc .. " --static --libs relaybus")
     assert.is_true(ok, out)

@@ -8,6 +8,7 @@
 #include "clock.h"
 #include "log.h"
 #include "text.h"
+#include "plugin.h"
 
 const char *const MG_STORE_CLOSED = "mongodb: store closed";
 static const rb_store_vtable mongo_vtable;
@@ -215,3 +216,6 @@ static const rb_store_vtable mongo_vtable = {
     .set_wakeup = NULL,
     .close = m_close,
 };
+
+/* Its table for plugin.h: the command and the Lua module load it from relaybus_mongo.so. */
+const rb_store_plugin rb_plugin_mongo = { rb_mongo_open };
