@@ -59,6 +59,15 @@ struct rb_module {
     int backend_fd;             /* the loop's epoll descriptor: the host polls it */
     double step_deadline;       /* monotonic; 0 outside a step with a budget */
     RB_FIFO(rb_task) deferred;
+    /* Tasks that yielded with a bare coroutine.yield(): one idle watcher resumes them at the
+     * next loop iteration (task.c). */
+    RB_FIFO(rb_task) yielded;
+    rb_idle yield_idle;
+    /* Sleeping waits (relaybus.sleep, ctx:sleep): a heap, earliest first, under one timer
+     * (task.c). */
+    rb_await **sleepers;
+    unsigned nsleepers, sleepers_cap, sleep_round;
+    rb_timer sleep_timer;
     /* relaybus.serve (lua_serve.c): the dispatchers' metrics, made by the first serve, and
      * the servers running */
     struct rb_metrics *metrics;
@@ -68,8 +77,7 @@ struct rb_module {
 
 /* An abort flag shared by a run's ctx.signal (and named leases' handle.signal). */
 struct rb_signal {
-    rb_abort_reason reason;     /* RB_ABORT_NONE while not aborted */
-    const char *reason_name;    /* "lease", "timeout", "shutdown" */
+    rb_abort_reason reason;     /* RB_ABORT_NONE while not aborted (rb_abort_reason_name) */
     int callbacks_ref;          /* registry ref to a table of on_abort functions, or LUA_NOREF */
     rb_module *m;
 };
@@ -77,30 +85,30 @@ struct rb_signal {
 /* A coroutine run by relaybus: a spawned task or a handler run. */
 struct rb_task {
     lua_State *co;
-    int co_ref;                 /* registry ref keeping the coroutine alive */
     rb_module *m;
     rb_await *wait;             /* the wait it is suspended in, or NULL */
-    int running;                /* inside lua_resume now */
-    int done;
     /* Handler runs: the abort machinery. */
     rb_run *run;                /* NULL for plain tasks */
     rb_signal *signal;          /* the run's signal, or NULL */
     double abort_at;            /* monotonic time of the abort, for the interrupt grace */
-    int abort_seen;             /* its code has run since the abort (the grace has begun) */
     double deadline;            /* tasks guarded by a named lease: its deadline, else 0 */
-    int daemon;                 /* the runtime's own task: relaybus.run() does not wait for it */
-    int extra_yield;            /* resumed from a bare coroutine.yield: resume next iteration */
-    rb_idle yield_watcher;
     /* Called when the coroutine ends: ok, or the error message. */
     void (*on_end)(rb_task *t, int ok, const char *err);
     void *ud;
-    rb_task *pool_next;         /* in the module's pool of finished tasks */
-    rb_task *live_prev, *live_next;     /* on m->live until freed or pooled */
     void (*on_close)(rb_task *t);       /* frees ud when the state closes with t still alive */
-    int killed;                 /* stopped for good past its time: never resumed again */
-    /* A resume a step's budget put off: its nargs results wait on the coroutine's stack. */
-    int deferred, deferred_nargs, deferred_truthful;
-    rb_task *deferred_next;
+    rb_task *live_prev, *live_next;     /* on m->live until freed or pooled */
+    /* On one queue at a time: m->deferred, m->yielded, or m->task_pool once finished. */
+    rb_task *queue_next;
+    int co_ref;                 /* registry ref keeping the coroutine alive */
+    int deferred_nargs;         /* a resume a step's budget put off: its nargs results wait on
+                                 * the coroutine's stack */
+    unsigned char deferred, deferred_truthful;
+    unsigned char running;      /* inside lua_resume now */
+    unsigned char done;
+    unsigned char abort_seen;   /* its code has run since the abort (the grace has begun) */
+    unsigned char daemon;       /* the runtime's own task: relaybus.run() does not wait for it */
+    unsigned char extra_yield;  /* yielded with a bare coroutine.yield: on m->yielded */
+    unsigned char killed;       /* stopped for good past its time: never resumed again */
 };
 
 /* module.c */
@@ -145,9 +153,14 @@ int rb_task_is_aborted(rb_task *t);
 void rb_task_run_deferred(rb_module *m);
 /* The state closes: frees the tasks still alive (suspended in a wait that will never end). */
 void rb_task_close_live(rb_module *m);
+/* The module's part of the tasks (the watcher of bare yields), made with the module. */
+void rb_task_init_module(rb_module *m);
 
 /* signal (lua_dispatcher.c) */
+/* A signal object with a flag of its own, pushed; returns the flag. */
 rb_signal *rb_signal_push(lua_State *L, rb_module *m);
+/* A flag kept in another object (not aborted, no callbacks). */
+void rb_signal_init(rb_signal *s, rb_module *m);
 void rb_signal_fire(rb_signal *s, rb_abort_reason reason);
 
 /* lua_store.c */
@@ -164,7 +177,7 @@ rb_store *rb_lua_check_store(lua_State *L, int idx);
 void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d);
 /* The tx object; the store userdata at store_idx is kept alive by it. */
 void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned, int store_idx);
-void rb_tx_invalidate(lua_State *L, int idx);
+void rb_tx_invalidate_object(void *tx_object);   /* a tx userdata (rb_push_tx) */
 const int *rb_lua_store_closed_flag(lua_State *L, int idx);
 void rb_lua_push_wrapping_store(lua_State *L, rb_store *s, int inner_idx);
 

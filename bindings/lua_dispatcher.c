@@ -40,31 +40,62 @@ typedef struct lua_handler {
     int fn_ref;
 } lua_handler;
 
+/* A run's ctx is also its data on the C side (rb_run_set_data): everything a run of a Lua
+ * handler keeps is in this userdata and its task. The bottom of the task's coroutine stack
+ * holds it, below the handler's frame, from the handler's start until the run settles; the
+ * handler's code may keep it longer. */
 typedef struct lua_ctx {
     rb_task *task;          /* NULL once the run settled */
     rb_run *run;            /* NULL once the run settled */
-    int transactional;      /* declared so: ctx.transaction may be read (once the run has
-                             * ended it is the closed tx object, which raises) */
+    lua_handler *h;
+    void *tx;               /* transactional: the ctx.transaction object (a user value;
+                             * once the run has ended it is closed, and raises) */
+    rb_signal signal;       /* the run's abort flag; the ctx.signal object, made on first
+                             * read, shows it */
 } lua_ctx;
 
-/* per-run data attached with rb_run_set_data */
-typedef struct run_data {
-    rb_task *task;
-    lua_ctx *ctx;
-    int ctx_ref;
-    int settled;
-    lua_handler *h;
-} run_data;
+/* The ctx's user values. */
+enum { CTX_SIGNAL = 1, CTX_TX, CTX_DELIVERY, CTX_NUV = CTX_DELIVERY };
 
-/* ---- signal ------------------------------------------------------------------------------- */
-rb_signal *rb_signal_push(lua_State *L, rb_module *m)
+/* ---- signal -------------------------------------------------------------------------------
+ * A signal object shows an rb_signal: its own (a named lease's handle.signal), or one kept in
+ * another object, which its user value keeps alive (a run's ctx: most handlers never read
+ * ctx.signal, so the object is made only when one does). */
+typedef struct signal_obj {
+    rb_signal *s;
+    rb_signal own;          /* only in an object that owns its flag */
+} signal_obj;
+
+void rb_signal_init(rb_signal *s, rb_module *m)
 {
-    rb_signal *s = lua_newuserdatauv(L, sizeof *s, 1);
     memset(s, 0, sizeof *s);
     s->m = m;
     s->callbacks_ref = LUA_NOREF;
+}
+
+rb_signal *rb_signal_push(lua_State *L, rb_module *m)
+{
+    signal_obj *o = lua_newuserdatauv(L, sizeof *o, 1);
+    o->s = &o->own;
+    rb_signal_init(&o->own, m);
     luaL_setmetatable(L, RB_SIGNAL_MT);
-    return s;
+    return o->s;
+}
+
+/* A signal object showing s, which lives in the object at owner_idx. */
+static void signal_push_view(lua_State *L, rb_signal *s, int owner_idx)
+{
+    owner_idx = lua_absindex(L, owner_idx);
+    signal_obj *o = lua_newuserdatauv(L, sizeof o->s, 1);
+    o->s = s;
+    luaL_setmetatable(L, RB_SIGNAL_MT);
+    lua_pushvalue(L, owner_idx);
+    lua_setiuservalue(L, -2, 1);
+}
+
+static rb_signal *check_signal(lua_State *L)
+{
+    return ((signal_obj *)luaL_checkudata(L, 1, RB_SIGNAL_MT))->s;
 }
 
 /* Runs fn(reason) as a task of its own: it may yield, and an error in it is only logged. */
@@ -85,7 +116,6 @@ void rb_signal_fire(rb_signal *s, rb_abort_reason reason)
 {
     if (s->reason) return;
     s->reason = reason;
-    s->reason_name = rb_abort_reason_name(reason);
     if (s->callbacks_ref == LUA_NOREF || s->m->closing) return;
     lua_State *L = s->m->L;
     int ref = s->callbacks_ref;
@@ -97,7 +127,7 @@ void rb_signal_fire(rb_signal *s, rb_abort_reason reason)
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, list, i);
         int fn = luaL_ref(L, LUA_REGISTRYINDEX);
-        call_on_abort(s->m, fn, s->reason_name);
+        call_on_abort(s->m, fn, rb_abort_reason_name(s->reason));
         luaL_unref(L, LUA_REGISTRYINDEX, fn);
     }
     lua_pop(L, 1);
@@ -105,14 +135,14 @@ void rb_signal_fire(rb_signal *s, rb_abort_reason reason)
 
 static int l_signal_index(lua_State *L)
 {
-    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    rb_signal *s = check_signal(L);
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "aborted") == 0) {
         lua_pushboolean(L, s->reason != RB_ABORT_NONE);
         return 1;
     }
     if (strcmp(k, "reason") == 0) {
-        if (s->reason_name) lua_pushstring(L, s->reason_name);
+        if (s->reason) lua_pushstring(L, rb_abort_reason_name(s->reason));
         else lua_pushnil(L);
         return 1;
     }
@@ -122,21 +152,21 @@ static int l_signal_index(lua_State *L)
 /* The signal of a run also checks the clock when read through check(). */
 static int l_signal_check(lua_State *L)
 {
-    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    rb_signal *s = check_signal(L);
     rb_task *t = rb_task_current(L);
     if (t && t->signal == s) rb_task_is_aborted(t);
-    if (s->reason) return luaL_error(L, "relaybus: aborted (%s)", s->reason_name);
+    if (s->reason) return luaL_error(L, "relaybus: aborted (%s)", rb_abort_reason_name(s->reason));
     return 0;
 }
 
 static int l_signal_on_abort(lua_State *L)
 {
-    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    rb_signal *s = check_signal(L);
     luaL_checktype(L, 2, LUA_TFUNCTION);
     if (s->reason) {
         lua_pushvalue(L, 2);
         int fn = luaL_ref(L, LUA_REGISTRYINDEX);
-        call_on_abort(s->m, fn, s->reason_name);
+        call_on_abort(s->m, fn, rb_abort_reason_name(s->reason));
         luaL_unref(L, LUA_REGISTRYINDEX, fn);
         return 0;
     }
@@ -150,9 +180,11 @@ static int l_signal_on_abort(lua_State *L)
     return 0;
 }
 
+/* The callbacks go with the signal object: a view lives as long as the ctx that keeps it (its
+ * user value), and no callback can be added to a flag before its object exists. */
 static int l_signal_gc(lua_State *L)
 {
-    rb_signal *s = luaL_checkudata(L, 1, RB_SIGNAL_MT);
+    rb_signal *s = check_signal(L);
     if (s->callbacks_ref != LUA_NOREF && !s->m->closing)
         luaL_unref(L, LUA_REGISTRYINDEX, s->callbacks_ref);
     s->callbacks_ref = LUA_NOREF;
@@ -265,17 +297,22 @@ static int l_ctx_index(lua_State *L)
     lua_ctx *c = check_ctx(L);
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "signal") == 0) {
-        lua_getiuservalue(L, 1, 1);
+        if (lua_getiuservalue(L, 1, CTX_SIGNAL) == LUA_TNIL) {
+            lua_pop(L, 1);
+            signal_push_view(L, &c->signal, 1);
+            lua_pushvalue(L, -1);
+            lua_setiuservalue(L, 1, CTX_SIGNAL);
+        }
         return 1;
     }
     if (strcmp(k, "transaction") == 0) {
-        if (lua_getiuservalue(L, 1, 2) == LUA_TNIL && !c->transactional)
+        if (lua_getiuservalue(L, 1, CTX_TX) == LUA_TNIL && !c->tx)
             return rb_misuse(L, "ctx.transaction: this handler is not transactional (declare "
                                 "it with d:handle(topic, fn, {transactional = true}))");
         return 1;
     }
     if (strcmp(k, "delivery") == 0) {
-        lua_getiuservalue(L, 1, 3);
+        lua_getiuservalue(L, 1, CTX_DELIVERY);
         return 1;
     }
     if (strcmp(k, "deadline") == 0) {
@@ -287,39 +324,41 @@ static int l_ctx_index(lua_State *L)
 }
 
 /* ---- handler callbacks from the dispatcher ------------------------------------------------- */
-static void free_run_data(run_data *rd)
+/* The run has settled: the ctx keeps nothing of it, the registry lets the ctx go, and the
+ * task (whose coroutine has ended) goes back to the pool. */
+static void ctx_release(lua_ctx *c)
 {
-    rb_module *m = rd->h->ld->m;
-    if (!m->closing) luaL_unref(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
-    if (rd->task) rb_task_free(rd->task);
-    free(rd);
+    rb_task *t = c->task;
+    c->run = NULL;
+    c->task = NULL;
+    t->run = NULL;
+    t->signal = NULL;
+    t->ud = NULL;
+    /* A coroutine that returned lets go of the ctx below its results, and can run again; one
+     * that raised or was stopped is dropped whole (rb_task_free). */
+    if (t->done && !t->running && !t->m->closing && lua_status(t->co) == LUA_OK)
+        lua_settop(t->co, 0);
+    rb_task_free(t);
 }
 
-/* The state closes with the handler still suspended: its run data goes with the task. */
+/* The state closes with the handler still suspended: the ctx goes with the state. */
 static void on_handler_closed(rb_task *t)
 {
-    free(t->ud);
     t->ud = NULL;
 }
 
 static void on_handler_end(rb_task *t, int ok, const char *err)
 {
-    run_data *rd = t->ud;
+    lua_ctx *c = t->ud;
     rb_run *run = t->run;
-    rb_module *m = t->m;
     /* The handler's transaction object is unusable from here on. */
-    if (!m->closing) {
-        lua_rawgeti(m->L, LUA_REGISTRYINDEX, rd->ctx_ref);
-        lua_getiuservalue(m->L, -1, 2);
-        rb_tx_invalidate(m->L, -1);
-        lua_pop(m->L, 2);
-    }
+    if (c->tx) rb_tx_invalidate_object(c->tx);
     static rb_log_limit raised;
     if (!ok && !rb_run_aborted(run))
         rb_log_limited_d(&raised, RB_LOG_INFO, rb_run_delivery(run)->id, rb_run_delivery(run)->topic,
                          "handler of %s (%s) raised: %s", rb_run_delivery(run)->id,
                          rb_run_delivery(run)->topic, err);
-    rb_run_finish(run, ok, err);    /* may settle (and free rd) before it returns */
+    rb_run_finish(run, ok, err);    /* may settle (and release c) before it returns */
 }
 
 static void on_bad_payload_buried(void *ud, const char *err, int applied)
@@ -348,52 +387,43 @@ static void handler_start(rb_run *run, void *ud)
     lua_pop(L, 1);
     int rec = lua_gettop(L);
 
-    run_data *rd = rb_calloc(1, sizeof *rd);
-    if (!rd) {
-        lua_pop(L, 1);
-        rb_run_finish(run, 0, "out of memory");
-        return;
-    }
-    rd->h = h;
     rb_task *t = rb_task_new(m, L, 2);
     if (!t) {
-        free(rd);
         lua_pop(L, 1);
         rb_run_finish(run, 0, "out of memory");
         return;
     }
-    t->run = run;
-    t->ud = rd;
-    t->on_end = on_handler_end;
-    t->on_close = on_handler_closed;
-    rd->task = t;
-
-    lua_ctx *c = lua_newuserdatauv(L, sizeof *c, 3);
+    lua_ctx *c = lua_newuserdatauv(L, sizeof *c, CTX_NUV);
+    memset(c, 0, sizeof *c);
     c->task = t;
     c->run = run;
-    c->transactional = rb_run_tx(run) != NULL;
+    c->h = h;
+    rb_signal_init(&c->signal, m);
     luaL_setmetatable(L, RB_CTX_MT);
-    t->signal = rb_signal_push(L, m);
-    lua_setiuservalue(L, -2, 1);
+    t->run = run;
+    t->ud = c;
+    t->on_end = on_handler_end;
+    t->on_close = on_handler_closed;
+    t->signal = &c->signal;
     if (rb_run_tx(run)) {
         lua_rawgeti(L, LUA_REGISTRYINDEX, h->ld->store_ref);
         rb_push_tx(L, rb_dispatcher_store(rb_run_dispatcher(run)), rb_run_tx(run), 0, -1);
         lua_remove(L, -2);
-        lua_setiuservalue(L, -2, 2);
+        c->tx = lua_touserdata(L, -1);
+        lua_setiuservalue(L, -2, CTX_TX);
     }
     lua_pushvalue(L, rec);
-    lua_setiuservalue(L, -2, 3);
-    rd->ctx = c;
-    lua_pushvalue(L, -1);
-    rd->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    rb_run_set_data(run, rd);
+    lua_setiuservalue(L, -2, CTX_DELIVERY);
+    rb_run_set_data(run, c);
 
-    /* the coroutine's stack: handler, delivery, ctx */
+    /* the coroutine's stack: the ctx that keeps the run's data alive, then the handler, the
+     * delivery and the ctx as its arguments */
+    lua_pushvalue(L, -1);
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->fn_ref);
     lua_pushvalue(L, rec);
     lua_pushvalue(L, -3);
-    lua_xmove(L, t->co, 3);
-    lua_pop(L, 2);          /* ctx and the record */
+    lua_xmove(L, t->co, 4);
+    lua_pop(L, 1);          /* the record */
     rb_task_install_hook(t);
     rb_task_start(t, 2);
 }
@@ -401,9 +431,9 @@ static void handler_start(rb_run *run, void *ud)
 static void handler_abort(rb_run *run, rb_abort_reason reason, void *ud)
 {
     (void)ud;
-    run_data *rd = rb_run_get_data(run);
-    if (!rd || !rd->task || rd->task->done) return;
-    rb_task *t = rd->task;
+    lua_ctx *c = rb_run_get_data(run);
+    if (!c || !c->task || c->task->done) return;
+    rb_task *t = c->task;
     rb_task_mark_aborted(t);
     if (t->signal) rb_signal_fire(t->signal, reason);
     rb_task_abort(t);
@@ -412,15 +442,11 @@ static void handler_abort(rb_run *run, rb_abort_reason reason, void *ud)
 static void handler_settled(rb_run *run, void *ud)
 {
     (void)ud;
-    run_data *rd = rb_run_get_data(run);
-    if (!rd) return;
+    lua_ctx *c = rb_run_get_data(run);
+    if (!c) return;
     rb_run_set_data(run, NULL);
-    rd->ctx->run = NULL;
-    rd->ctx->task = NULL;
-    rd->task->run = NULL;
-    rd->task->signal = NULL;
     /* The coroutine has ended (finish comes before settle), so the task can go. */
-    free_run_data(rd);
+    ctx_release(c);
 }
 
 static void handler_free(void *ud)

@@ -670,11 +670,7 @@ void rb_push_tx(lua_State *L, rb_store *s, rb_tx *tx, int owned, int store_idx)
     lua_setiuservalue(L, -2, 1);    /* the store outlives its transactions */
 }
 
-void rb_tx_invalidate(lua_State *L, int idx)
-{
-    lua_tx *t = luaL_testudata(L, idx, RB_TX_MT);
-    if (t) t->closed = 1;
-}
+void rb_tx_invalidate_object(void *tx_object) { ((lua_tx *)tx_object)->closed = 1; }
 
 static int l_tx_enqueue(lua_State *L)
 {

@@ -223,7 +223,7 @@ static int l_gc_module(lua_State *L)
     m->cut_hooks = NULL;
     /* The pooled tasks' coroutines go with the state; their C structs are ours to free. */
     for (rb_task *t = m->task_pool, *next; t; t = next) {
-        next = t->pool_next;
+        next = t->queue_next;
         free(t);
     }
     m->task_pool = NULL;
@@ -415,6 +415,7 @@ int luaopen_relaybus(lua_State *L)
         m->loop = lua_touserdata(L, -1);
         lua_pop(L, 1);
         if (!m->loop) open_own_loop(L, m);
+        rb_task_init_module(m);
         m->watchdog = rb_watchdog_new(rb_task_hook);
         lua_createtable(L, 0, 1);
         lua_pushcfunction(L, l_gc_module);

@@ -14,6 +14,7 @@
  * A yield cannot be caught by pcall, and the coroutine is never resumed again, so none of the
  * run's Lua code runs after that, whatever it wraps itself in. Coroutines the handler creates
  * inherit the hook (lua_newthread copies it) and are stopped the same way. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,13 @@ struct rb_await {
     int truthful;           /* not ended by an abort (rb_await_truthful) */
     void (*cancel)(void *ud);
     void *cancel_ud;
+    /* A sleep: its place in the module's heap of sleepers (NOT_ASLEEP when out of it), when
+     * it ends, and the timer's round it began in (see on_sleepers_due). */
+    unsigned slot, round;
+    double wake_at;
 };
+
+#define NOT_ASLEEP UINT_MAX
 
 static void task_resume_with(rb_task *t, int nargs, int truthful);
 static void task_resume(rb_task *t, int nargs) { task_resume_with(t, nargs, 0); }
@@ -91,6 +98,7 @@ rb_await *rb_await_begin(lua_State *L)
     if (!w) luaL_error(L, "relaybus: out of memory");
     w->task = t;
     w->L = L;
+    w->slot = NOT_ASLEEP;
     return w;
 }
 
@@ -176,20 +184,38 @@ void rb_task_abort(rb_task *t)
 }
 
 /* ---- running tasks ----------------------------------------------------------------------- */
+/* The tasks that yielded before this iteration go on; one that yields again waits for the
+ * next. A queued task is suspended with no wait of ours, so nothing else resumes or frees it
+ * meanwhile (but the state's closing, which empties the queue). */
 static void on_yield_idle(struct ev_loop *loop, ev_idle *w, int revents)
 {
     (void)revents;
-    rb_task *t = w->data;
-    rb_idle_stop(loop, (rb_idle *)w);
-    t->extra_yield = 0;
-    task_resume(t, 0);
+    rb_module *m = w->data;
+    rb_task *t;
+    RB_FIFO_TAKE_ALL(&m->yielded, &t);
+    rb_idle_stop(loop, &m->yield_idle);
+    while (t && !m->closing) {
+        rb_task *next = t->queue_next;
+        t->queue_next = NULL;
+        t->extra_yield = 0;
+        task_resume(t, 0);
+        t = next;
+    }
+}
+
+static void on_sleepers_due(struct ev_loop *loop, ev_timer *timer, int revents);
+
+void rb_task_init_module(rb_module *m)
+{
+    rb_idle_init(&m->yield_idle, on_yield_idle);
+    m->yield_idle.w.data = m;
+    rb_timer_init(&m->sleep_timer, on_sleepers_due, 0, 0);
+    m->sleep_timer.w.data = m;
 }
 
 static void task_end(rb_task *t, int ok, const char *err)
 {
     t->done = 1;
-    rb_module *m = t->m;
-    rb_idle_stop(m->loop, &t->yield_watcher);
     /* on_end owns what follows (it may free t) */
     if (t->on_end) t->on_end(t, ok, err);
 }
@@ -232,7 +258,7 @@ static void defer(rb_task *t, int nargs, int truthful)
     t->deferred = 1;
     t->deferred_nargs = nargs;
     t->deferred_truthful = truthful;
-    RB_FIFO_PUSH_ON(&m->deferred, t, deferred_next);
+    RB_FIFO_PUSH_ON(&m->deferred, t, queue_next);
 }
 
 static int over_budget(const rb_module *m)
@@ -244,7 +270,7 @@ void rb_task_run_deferred(rb_module *m)
 {
     while (!RB_FIFO_EMPTY(&m->deferred) && !over_budget(m) && !m->closing) {
         rb_task *t;
-        RB_FIFO_POP_ON(&m->deferred, &t, deferred_next);
+        RB_FIFO_POP_ON(&m->deferred, &t, queue_next);
         t->deferred = 0;
         int nargs = t->deferred_nargs, truthful = t->deferred_truthful;
         /* it waited for this step: a deadline that passed meanwhile still decides (and is
@@ -297,7 +323,8 @@ static void task_resume_with(rb_task *t, int nargs, int truthful)
         /* A bare coroutine.yield(): treat it as sleep(0) and go on next iteration. */
         lua_pop(t->co, nres);
         t->extra_yield = 1;
-        rb_idle_start(t->m->loop, &t->yield_watcher);
+        RB_FIFO_PUSH_ON(&t->m->yielded, t, queue_next);
+        rb_idle_start(t->m->loop, &t->m->yield_idle);
         return;
     }
     if (st == LUA_OK) {
@@ -315,7 +342,7 @@ rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs)
     (void)nargs;
     rb_task *t = m->task_pool;
     if (t) {
-        m->task_pool = t->pool_next;
+        m->task_pool = t->queue_next;
         m->task_pool_n--;
         lua_State *co = t->co;
         int ref = t->co_ref;
@@ -331,8 +358,6 @@ rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs)
     t->m = m;
     RB_LIST_PUSH_ON(&m->live, t, live_prev, live_next);
     *(rb_task **)lua_getextraspace(t->co) = t;
-    rb_idle_init(&t->yield_watcher, on_yield_idle);
-    t->yield_watcher.w.data = t;
     return t;
 }
 
@@ -354,7 +379,7 @@ void rb_task_free(rb_task *t)
     if (m->task_pool_n < TASK_POOL_MAX && lua_status(t->co) == LUA_OK && lua_gettop(t->co) == 0) {
         lua_sethook(t->co, NULL, 0, 0);
         *(rb_task **)lua_getextraspace(t->co) = NULL;
-        t->pool_next = m->task_pool;
+        t->queue_next = m->task_pool;
         m->task_pool = t;
         m->task_pool_n++;
         return;
@@ -372,7 +397,7 @@ static void kill_task(lua_State *L, rb_task *t, double now)
 {
     if (!t->killed) {
         t->killed = 1;
-        const char *why = t->signal && t->signal->reason_name ? t->signal->reason_name : "abort";
+        const char *why = t->signal && t->signal->reason ? rb_abort_reason_name(t->signal->reason) : "abort";
         static rb_log_limit lim;
         rb_log_limited(&lim, RB_LOG_WARN, "%s %s stopped %.2fs after its %s abort: it did "
                        "not return (long computations must yield now and then, e.g. "
@@ -416,29 +441,108 @@ void rb_task_install_hook(rb_task *t)
     lua_sethook(t->co, rb_task_hook, LUA_MASKCOUNT, 1000);
 }
 
-/* ---- relaybus.sleep and relaybus.spawn ------------------------------------------------------ */
-typedef struct sleep_wait {
-    rb_timer timer;
-    rb_await *w;
-    struct ev_loop *loop;
-} sleep_wait;
+/* ---- relaybus.sleep and ctx:sleep -------------------------------------------------------------
+ * A module keeps its sleeping waits in one binary heap, earliest first, under one timer: a
+ * sleep costs its wait and a slot, not a libev timer of its own (ten thousand handlers asleep
+ * at once keep one timer, not ten thousand, and about a megabyte less). */
+static int wakes_before(const rb_await *a, const rb_await *b) { return a->wake_at < b->wake_at; }
 
-static void on_sleep_done(struct ev_loop *loop, ev_timer *timer, int revents)
+static void heap_put(rb_module *m, rb_await *w, unsigned i)
 {
-    (void)loop; (void)revents;
-    sleep_wait *s = timer->data;
-    rb_await *w = s->w;
-    free(s);
-    lua_State *T = rb_await_target(w);
-    if (T) lua_pushboolean(T, 1);
-    rb_await_resolve(w, T ? 1 : 0);
+    m->sleepers[i] = w;
+    w->slot = i;
 }
 
+static void sift_up(rb_module *m, unsigned i)
+{
+    rb_await *w = m->sleepers[i];
+    while (i > 0 && wakes_before(w, m->sleepers[(i - 1) / 2])) {
+        heap_put(m, m->sleepers[(i - 1) / 2], i);
+        i = (i - 1) / 2;
+    }
+    heap_put(m, w, i);
+}
+
+static void sift_down(rb_module *m, unsigned i)
+{
+    rb_await *w = m->sleepers[i];
+    for (;;) {
+        unsigned c = 2 * i + 1;
+        if (c >= m->nsleepers) break;
+        if (c + 1 < m->nsleepers && wakes_before(m->sleepers[c + 1], m->sleepers[c])) c++;
+        if (!wakes_before(m->sleepers[c], w)) break;
+        heap_put(m, m->sleepers[c], i);
+        i = c;
+    }
+    heap_put(m, w, i);
+}
+
+/* The timer is set for the earliest sleeper. */
+static void arm_sleep_timer(rb_module *m)
+{
+    rb_timer_stop(m->loop, &m->sleep_timer);
+    if (m->nsleepers == 0) return;
+    double wait = m->sleepers[0]->wake_at - rb_monotonic();
+    rb_timer_set(&m->sleep_timer, wait > 0 ? wait : 0, 0);
+    rb_timer_start(m->loop, &m->sleep_timer);
+}
+
+/* 0, or -1 when the heap cannot grow. */
+static int sleep_add(rb_module *m, rb_await *w, double secs)
+{
+    if (m->nsleepers == m->sleepers_cap) {
+        unsigned cap = m->sleepers_cap ? m->sleepers_cap * 2 : 64;
+        rb_await **grown = cap > m->sleepers_cap ? realloc(m->sleepers, cap * sizeof *grown) : NULL;
+        if (!grown) return -1;
+        m->sleepers = grown;
+        m->sleepers_cap = cap;
+    }
+    w->wake_at = rb_monotonic() + secs;
+    w->round = m->sleep_round;
+    heap_put(m, w, m->nsleepers++);
+    sift_up(m, w->slot);
+    if (w->slot == 0) arm_sleep_timer(m);
+    return 0;
+}
+
+static void sleep_remove(rb_module *m, rb_await *w)
+{
+    unsigned i = w->slot;
+    rb_await *last = m->sleepers[--m->nsleepers];
+    w->slot = NOT_ASLEEP;
+    if (last != w) {
+        heap_put(m, last, i);
+        sift_down(m, i);
+        sift_up(m, last->slot);
+    }
+    if (i == 0) arm_sleep_timer(m);
+}
+
+/* Wakes the sleepers that are due, earliest first. Only those that began before this firing:
+ * a sleep(0) begun by a woken one waits for the next loop iteration, as the loop's other
+ * work (I/O, other timers) must have its turn. */
+static void on_sleepers_due(struct ev_loop *loop, ev_timer *timer, int revents)
+{
+    (void)loop; (void)revents;
+    rb_module *m = timer->data;
+    double now = rb_monotonic();
+    unsigned round = m->sleep_round++;
+    while (m->nsleepers > 0 && !m->closing) {
+        rb_await *w = m->sleepers[0];
+        if (w->wake_at > now || (int)(w->round - round) > 0) break;
+        sleep_remove(m, w);
+        lua_State *T = rb_await_target(w);
+        if (T) lua_pushboolean(T, 1);
+        rb_await_resolve(w, T ? 1 : 0);
+    }
+    if (!m->closing) arm_sleep_timer(m);
+}
+
+/* The sleeper was aborted: it leaves the heap (rb_task_abort frees it). */
 static void cancel_sleep(void *ud)
 {
-    sleep_wait *s = ud;
-    rb_timer_stop(s->loop, &s->timer);
-    free(s);
+    rb_await *w = ud;
+    if (w->slot != NOT_ASLEEP) sleep_remove(w->task ? w->task->m : rb_module_get(w->L), w);
 }
 
 int rb_lua_sleep(lua_State *L)
@@ -450,17 +554,11 @@ int rb_lua_sleep(lua_State *L)
     rb_module *m = rb_module_get(L);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    sleep_wait *s = rb_calloc(1, sizeof *s);
-    if (!s) {
+    if (sleep_add(m, w, secs) != 0) {
         free(w);
         return luaL_error(L, "relaybus: out of memory");
     }
-    s->w = w;
-    s->loop = m->loop;
-    rb_timer_init(&s->timer, on_sleep_done, secs, 0);
-    s->timer.w.data = s;
-    rb_timer_start(m->loop, &s->timer);
-    rb_await_on_cancel(w, cancel_sleep, s);
+    rb_await_on_cancel(w, cancel_sleep, w);
     return rb_await_finish(L, w);
 }
 
@@ -496,20 +594,23 @@ int rb_lua_spawn(lua_State *L) { return spawn(L, 0); }
 int rb_lua_spawn_daemon(lua_State *L) { return spawn(L, 1); }
 
 /* A task still alive when its state closes waits for something that will never come: its C
- * structs go with it. A sleep's wait is cancelled (its timer is on the module's loop, which
- * is still there); other waits belong to objects already collected, and are only freed. */
+ * structs go with it. Its wait is only freed: a sleep's heap and timer go as a whole, other
+ * waits belong to objects already collected. */
 void rb_task_close_live(rb_module *m)
 {
+    rb_idle_stop(m->loop, &m->yield_idle);
+    m->yielded.head = m->yielded.tail = NULL;
+    /* (only tasks sleep once the state closes: the main chunk is not waiting) */
+    rb_timer_stop(m->loop, &m->sleep_timer);
+    free(m->sleepers);
+    m->sleepers = NULL;
+    m->nsleepers = m->sleepers_cap = 0;
     while (m->live) {
         rb_task *t = m->live;
         unlink_live(t);
         rb_await *w = t->wait;
         t->wait = NULL;
-        if (w && w->yielded) {
-            if (w->cancel == cancel_sleep) w->cancel(w->cancel_ud);
-            free(w);
-        }
-        rb_idle_stop(m->loop, &t->yield_watcher);
+        if (w && w->yielded) free(w);
         if (t->on_close) t->on_close(t);
         free(t);
     }

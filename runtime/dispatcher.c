@@ -285,7 +285,7 @@ static void finish_stop(rb_dispatcher *d)
      * runs them again. Their late endings write nothing. */
     for (rb_run *run = d->runs; run; run = run->next) {
         run->abandoned = 1;
-        rb_timer_stop(d->loop, &run->renew_timer);
+        disp_stop_renewals(run);
         if (!run->aborted) disp_run_abort(run, RB_ABORT_SHUTDOWN);
     }
     wake_list_remove(d);
@@ -421,10 +421,8 @@ void rb_dispatcher_free(rb_dispatcher *d)
     }
     for (rb_run *run = d->runs, *next; run; run = next) {
         next = run->next;
-        disp_active_remove(d->store, run->rec->id, run);
-        rb_timer_stop(d->loop, &run->renew_timer);
-        rb_timer_stop(d->loop, &run->deadline_timer);
-        rb_timer_stop(d->loop, &run->retry_timer);
+        disp_active_remove(d->store, run);
+        disp_stop_clocks(run);
         if (run->retry) {
             disp_settle_free(run->retry);
             run->retry = NULL;

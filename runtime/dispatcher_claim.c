@@ -325,7 +325,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
             disp_count_waiting(d, run, +1);     /* holds no slot while it waits */
             continue;
         }
-        if (disp_active_add(d->store, run->rec->id, run) != 0) {
+        if (disp_active_add(d->store, run) != 0) {
             disp_set_settling(run);
             disp_run_settled(run);
             continue;

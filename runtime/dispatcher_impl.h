@@ -76,14 +76,15 @@ struct rb_run {
     rb_delivery *rec;
     run_state state;
     rb_abort_reason aborted;
-    int settled_explicitly;     /* a ctx settle call was written: the return is ignored */
-    int abandoned;              /* the stop timed out: write nothing more */
+    rb_outcome outcome;         /* what the run came to, for the settled event */
     int refs;                   /* store operations in flight that point at this run */
-    int renewing;
+    unsigned char settled_explicitly;   /* a ctx settle call was written: the return is ignored */
+    unsigned char abandoned;    /* the stop timed out: write nothing more */
+    unsigned char renewing;     /* a renewal is in flight */
+    unsigned char deadline_armed;       /* the deadline is one of the timer's clocks (below) */
     double retry_delay;         /* s until the next try of a final write the store refused */
     double claimed_at;          /* monotonic s when its lease began here */
     double started_at;          /* monotonic s when the handler started; 0 before */
-    rb_outcome outcome;         /* what the run came to, for the settled event */
     char *outcome_error;        /* the last_error it wrote, owned */
     /* An explicit settle the store could not take fails the run, as a raise with this text:
      * returning after a ctx:bury() that was not written must not complete the delivery. */
@@ -91,15 +92,19 @@ struct rb_run {
     double lease_deadline;      /* monotonic: local end of the lease (with margin) */
     double timeout_deadline;    /* monotonic: the handler's timeout, or INFINITY */
     double shutdown_deadline;   /* monotonic: set by stop's abort phase, or INFINITY */
-    rb_timer deadline_timer;
-    rb_timer renew_timer;
-    rb_timer retry_timer;       /* the next try of a final write the store refused */
+    /* One timer serves the run's three clocks (dispatcher_runs.c, "the run's clocks"): set
+     * for the earliest of its deadline (while deadline_armed), its next renewal and the next
+     * try of a refused final write; INFINITY where a clock is off. */
+    rb_timer timer;
+    double renew_at;            /* monotonic */
+    double retry_at;            /* monotonic: the next try of a final write the store refused */
     settle_req *retry;          /* that write, made and waiting for the timer */
     rb_tx *tx;
     void *data;
     rb_run *parked;             /* a newer claim of this delivery waiting for us to settle */
     rb_run *ahead_next;         /* claimed ahead: the next in its lane's queue */
     rb_run *prev, *next;        /* the dispatcher's list of unsettled runs */
+    rb_run *active_next;        /* its chain in the store's registry of runs (by delivery id) */
 };
 
 typedef void (*settle_done_fn)(settle_req *r, const char *err);
@@ -199,15 +204,17 @@ void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents);
 /* dispatcher_runs.c */
 rb_outcome disp_outcome_of(const rb_run *run, rb_settle_kind kind);
 void disp_set_outcome(rb_run *run, rb_outcome o, const char *error);
-void disp_active_remove(rb_store *s, const char *id, rb_run *run);
+void disp_active_remove(rb_store *s, rb_run *run);
 void disp_run_free(rb_run *run);
 void disp_arm_deadline(rb_run *run);
+void disp_stop_renewals(rb_run *run);
+void disp_stop_clocks(rb_run *run);
 void disp_set_state(rb_run *run, run_state to);
 void *disp_pool_get(int which, size_t size);
 void disp_pool_put(int which, void *x);
 enum { POOL_RUNS, POOL_SETTLES };
 rb_run *disp_active_find(const rb_store *s, const char *id);
-int disp_active_add(rb_store *s, const char *id, rb_run *run);
+int disp_active_add(rb_store *s, rb_run *run);
 void disp_registry_release(rb_store *s);
 rb_run *disp_run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, double claimed_at);
 void disp_run_start(rb_run *run);
@@ -217,7 +224,6 @@ void disp_run_release_ref(rb_run *run);
 void disp_set_settling(rb_run *run);
 void disp_write_final(rb_run *run, rb_settle_kind kind, double delay, const char *error);
 void disp_on_renewed(settle_req *r, const char *err);
-void disp_on_retry_due(struct ev_loop *loop, ev_timer *w, int revents);
 
 /* dispatcher_settle.c */
 settle_req *disp_settle_new(rb_run *run, rb_settle_kind kind, double delay, const char *error,

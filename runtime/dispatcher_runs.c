@@ -16,15 +16,10 @@
 /* ---- the registry of unsettled runs of a store ------------------------------------------- */
 /* Keyed by delivery id: a delivery is never started again here while an earlier run of it has
  * not settled (a lease that expired under a frozen process, then reclaimed by us). One per
- * store (rb_store.registry), used on its loop's thread only. */
-typedef struct active_entry {
-    const char *id;             /* points into the run's record */
-    rb_run *run;
-    struct active_entry *next;
-} active_entry;
-
+ * store (rb_store.registry), used on its loop's thread only. A hash table whose chains run
+ * through the runs themselves (rb_run.active_next): an entry costs no allocation. */
 struct rb_run_registry {
-    active_entry **buckets;
+    rb_run **buckets;
     size_t nbuckets, count;
 };
 
@@ -38,13 +33,13 @@ static size_t hash_id(const char *id)
 static void active_grow(struct rb_run_registry *r)
 {
     size_t n = r->nbuckets ? r->nbuckets * 2 : 256;
-    active_entry **b = rb_calloc(n, sizeof *b);
+    rb_run **b = rb_calloc(n, sizeof *b);
     if (!b) return;     /* keep the old table; chains just get longer */
     for (size_t i = 0; i < r->nbuckets; i++) {
-        for (active_entry *e = r->buckets[i], *next; e; e = next) {
-            next = e->next;
-            size_t k = hash_id(e->id) % n;
-            e->next = b[k];
+        for (rb_run *e = r->buckets[i], *next; e; e = next) {
+            next = e->active_next;
+            size_t k = hash_id(e->rec->id) % n;
+            e->active_next = b[k];
             b[k] = e;
         }
     }
@@ -68,35 +63,34 @@ rb_run *disp_active_find(const rb_store *s, const char *id)
 {
     struct rb_run_registry *r = s->registry;
     if (!r || !r->nbuckets) return NULL;
-    for (active_entry *e = r->buckets[hash_id(id) % r->nbuckets]; e; e = e->next)
-        if (strcmp(e->id, id) == 0) return e->run;
+    for (rb_run *e = r->buckets[hash_id(id) % r->nbuckets]; e; e = e->active_next)
+        if (strcmp(e->rec->id, id) == 0) return e;
     return NULL;
 }
 
-int disp_active_add(rb_store *s, const char *id, rb_run *run)
+int disp_active_add(rb_store *s, rb_run *run)
 {
     if (!s->registry && !(s->registry = rb_calloc(1, sizeof *s->registry))) return -1;
     struct rb_run_registry *r = s->registry;
     if (r->count >= r->nbuckets) active_grow(r);
     if (!r->nbuckets) return -1;
-    active_entry *e = rb_malloc(sizeof *e);
-    if (!e) return -1;
-    size_t k = hash_id(id) % r->nbuckets;
-    *e = (active_entry){id, run, r->buckets[k]};
-    r->buckets[k] = e;
+    size_t k = hash_id(run->rec->id) % r->nbuckets;
+    run->active_next = r->buckets[k];
+    r->buckets[k] = run;
     r->count++;
     return 0;
 }
 
-void disp_active_remove(rb_store *s, const char *id, rb_run *run)
+/* (a run that is not in the registry, a parked one, is left as it is) */
+void disp_active_remove(rb_store *s, rb_run *run)
 {
     struct rb_run_registry *r = s->registry;
     if (!r || !r->nbuckets) return;
-    for (active_entry **pp = &r->buckets[hash_id(id) % r->nbuckets]; *pp; pp = &(*pp)->next) {
-        if ((*pp)->run == run) {
-            active_entry *e = *pp;
-            *pp = e->next;
-            free(e);
+    for (rb_run **pp = &r->buckets[hash_id(run->rec->id) % r->nbuckets]; *pp;
+         pp = &(*pp)->active_next) {
+        if (*pp == run) {
+            *pp = run->active_next;
+            run->active_next = NULL;
             r->count--;
             break;
         }
@@ -247,14 +241,50 @@ static rb_abort_reason deadline_reason(const rb_run *run)
     return RB_ABORT_LEASE;
 }
 
-void disp_arm_deadline(rb_run *run)
+/* ---- the run's clocks ----------------------------------------------------------------------
+ * A run keeps three clocks: its deadline (the earliest of lease, timeout and shutdown, where
+ * the run is aborted), its next lease renewal, and the next try of a final write the store
+ * refused. One timer serves them, set for the earliest that is on: ten thousand sleeping
+ * handlers keep ten thousand timers, not thirty thousand (160 bytes less a run, and a smaller
+ * heap in libev). */
+static void arm_clocks(rb_run *run)
 {
     rb_dispatcher *d = run->d;
+    double due = fmin(run->renew_at, run->retry_at);
+    if (run->deadline_armed) due = fmin(due, run_effective_deadline(run));
+    rb_timer_stop(d->loop, &run->timer);
+    if (due == INFINITY) return;
     ev_now_update(d->loop);
-    double wait = run_effective_deadline(run) - rb_monotonic();
-    rb_timer_stop(d->loop, &run->deadline_timer);
-    rb_timer_set(&run->deadline_timer, wait > 0 ? wait : 0, 0);
-    rb_timer_start(d->loop, &run->deadline_timer);
+    double wait = due - rb_monotonic();
+    rb_timer_set(&run->timer, wait > 0 ? wait : 0, 0);
+    rb_timer_start(d->loop, &run->timer);
+}
+
+void disp_arm_deadline(rb_run *run)
+{
+    run->deadline_armed = 1;
+    arm_clocks(run);
+}
+
+void disp_stop_renewals(rb_run *run)
+{
+    run->renew_at = INFINITY;
+    arm_clocks(run);
+}
+
+/* Deadline and renewals end: the handler has ended, or was aborted. */
+static void stop_run_clocks(rb_run *run)
+{
+    run->deadline_armed = 0;
+    run->renew_at = INFINITY;
+    arm_clocks(run);
+}
+
+void disp_stop_clocks(rb_run *run)
+{
+    run->deadline_armed = 0;
+    run->renew_at = run->retry_at = INFINITY;
+    rb_timer_stop(run->d->loop, &run->timer);
 }
 
 rb_abort_reason rb_run_check(rb_run *run)
@@ -265,18 +295,6 @@ rb_abort_reason rb_run_check(rb_run *run)
     return run->aborted;
 }
 
-static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop; (void)revents;
-    rb_run *run = w->data;
-    /* The timer may fire a little early relative to our own clock reading; re-arm then. */
-    if (rb_monotonic() < run_effective_deadline(run)) {
-        disp_arm_deadline(run);
-        return;
-    }
-    if (run->state == RUN_RUNNING || run->state == RUN_BEGINNING)
-        disp_run_abort(run, deadline_reason(run));
-}
 
 void disp_on_renewed(settle_req *r, const char *err)
 {
@@ -304,10 +322,8 @@ void disp_on_renewed(settle_req *r, const char *err)
     disp_arm_deadline(run);
 }
 
-static void on_renew_tick(struct ev_loop *loop, ev_timer *w, int revents)
+static void renew_tick(rb_run *run)
 {
-    (void)loop; (void)revents;
-    rb_run *run = w->data;
     /* (a transactional run renews while its transaction begins too: a run that waited for its
      * slot may be due at once) */
     if ((run->state != RUN_RUNNING && run->state != RUN_BEGINNING) || run->aborted ||
@@ -319,6 +335,41 @@ static void on_renew_tick(struct ev_loop *loop, ev_timer *w, int revents)
     if (!r) return;
     run->renewing = 1;
     disp_settle_enqueue(run->d, r);
+}
+
+static void retry_due(rb_run *run)
+{
+    settle_req *again = run->retry;
+    run->retry = NULL;
+    if (again) disp_settle_enqueue(run->d, again);
+}
+
+/* The run's timer: whichever clocks are due act, the deadline first (a process frozen past
+ * it aborts the run, it does not renew), then the timer is set for what is left. A clock's
+ * act may settle the run; the reference held here keeps it until the end. */
+static void on_run_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    rb_run *run = w->data;
+    double now = rb_monotonic();
+    run->refs++;
+    if (run->deadline_armed && now >= run_effective_deadline(run)) {
+        run->deadline_armed = 0;
+        if (run->state == RUN_RUNNING || run->state == RUN_BEGINNING)
+            disp_run_abort(run, deadline_reason(run));
+    }
+    if (run->state != RUN_SETTLED && now >= run->renew_at) {
+        double every = run->d->opt.lease_duration / 3;
+        run->renew_at += every;
+        if (run->renew_at <= now) run->renew_at = now + every;
+        renew_tick(run);
+    }
+    if (run->state != RUN_SETTLED && now >= run->retry_at) {
+        run->retry_at = INFINITY;
+        retry_due(run);
+    }
+    if (run->state != RUN_SETTLED) arm_clocks(run);
+    disp_run_release_ref(run);
 }
 
 /* A run whose handler has ended and whose settle write is in flight no longer occupies a
@@ -348,13 +399,9 @@ rb_run *disp_run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, doubl
     run->outcome = RB_OUT_ABANDONED;    /* until a write says otherwise */
     run->timeout_deadline = INFINITY;
     run->shutdown_deadline = INFINITY;
-    rb_timer_init(&run->deadline_timer, on_deadline, 0, 0);
-    run->deadline_timer.w.data = run;
-    double every = d->opt.lease_duration / 3;
-    rb_timer_init(&run->renew_timer, on_renew_tick, every, every);
-    run->renew_timer.w.data = run;
-    rb_timer_init(&run->retry_timer, disp_on_retry_due, 0, 0);
-    run->retry_timer.w.data = run;
+    rb_timer_init(&run->timer, on_run_timer, 0, 0);
+    run->timer.w.data = run;
+    run->renew_at = run->retry_at = INFINITY;
     /* list of unsettled runs */
     RB_LIST_PUSH(&d->runs, run);
     d->nactive++;
@@ -384,8 +431,7 @@ void disp_run_abort(rb_run *run, rb_abort_reason reason)
         rb_log_limited_d(&lost, RB_LOG_INFO, run->rec->id, run->rec->topic, "run of %s (%s) lost"
                          " its lease: nothing of it is written, the delivery runs again",
                          run->rec->id, run->rec->topic);
-    rb_timer_stop(run->d->loop, &run->renew_timer);
-    rb_timer_stop(run->d->loop, &run->deadline_timer);
+    stop_run_clocks(run);
     if (run->state == RUN_RUNNING && run->h->def.abort)
         run->h->def.abort(run, reason, run->h->def.ud);
 }
@@ -403,9 +449,7 @@ void disp_run_settled(rb_run *run)
     }
     ln->nactive--;
     disp_set_state(run, RUN_SETTLED);
-    rb_timer_stop(d->loop, &run->renew_timer);
-    rb_timer_stop(d->loop, &run->deadline_timer);
-    rb_timer_stop(d->loop, &run->retry_timer);
+    disp_stop_clocks(run);
     if (d->listeners) {
         rb_event ev = {.kind = RB_EV_SETTLED, .delivery = run->rec, .outcome = run->outcome,
                        .duration = run->started_at ? rb_monotonic() - run->started_at : 0,
@@ -413,14 +457,14 @@ void disp_run_settled(rb_run *run)
         disp_emit(d, &ev);
     }
     if (was_running && run->h->def.settled) run->h->def.settled(run, run->h->def.ud);
-    disp_active_remove(d->store, run->rec->id, run);
+    disp_active_remove(d->store, run);
     RB_LIST_REMOVE(&d->runs, run);
     d->nactive--;
     rb_run *parked = run->parked;
     run->parked = NULL;
     if (parked) {
         disp_count_waiting(d, parked, -1);
-        if (disp_active_add(d->store, parked->rec->id, parked) != 0) {
+        if (disp_active_add(d->store, parked) != 0) {
             disp_run_settled(parked);    /* out of memory: the lease expires, another takes it */
         } else if (parked->d->stopping || parked->d->stopped) {
             disp_set_settling(parked);   /* never started: hand the claim back */
@@ -436,15 +480,6 @@ void disp_run_settled(rb_run *run)
         d->want_claim = 1;
         disp_request_flush(d);
     }
-}
-
-void disp_on_retry_due(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop; (void)revents;
-    rb_run *run = w->data;
-    settle_req *again = run->retry;
-    run->retry = NULL;
-    if (again) disp_settle_enqueue(run->d, again);
 }
 
 /* A final write the store refused (unreachable, read-only, full disk) is tried again, fenced
@@ -466,8 +501,8 @@ static void on_final_write(settle_req *r, const char *err)
         if (again) {
             again->solo = r->solo;
             run->retry = again;
-            rb_timer_set(&run->retry_timer, run->retry_delay, 0);
-            rb_timer_start(run->d->loop, &run->retry_timer);
+            run->retry_at = rb_monotonic() + run->retry_delay;
+            arm_clocks(run);
             return;
         }
     }
@@ -575,8 +610,7 @@ void rb_run_finish(rb_run *run, int ok, const char *error)
     if (run->state != RUN_RUNNING) return;
     disp_note_run_time(run->d, run->h->lane, rb_monotonic() - run->started_at);
     disp_set_settling(run);
-    rb_timer_stop(run->d->loop, &run->renew_timer);
-    rb_timer_stop(run->d->loop, &run->deadline_timer);
+    stop_run_clocks(run);
     /* A run that reached its deadline without noticing is aborted now (frozen process). */
     if (!run->aborted && rb_monotonic() >= run_effective_deadline(run))
         run->aborted = deadline_reason(run);
@@ -672,12 +706,9 @@ void disp_run_start(rb_run *run)
     }
     if (run->h->def.timeout > 0)
         run->timeout_deadline = rb_monotonic() + run->h->def.timeout;
-    disp_arm_deadline(run);
     /* Renewals count from the claim, not the start: a run claimed ahead may have waited. */
-    double every = d->opt.lease_duration / 3;
-    double first = run->claimed_at + every - rb_monotonic();
-    rb_timer_set(&run->renew_timer, first > 0 ? first : 0, every);
-    rb_timer_start(d->loop, &run->renew_timer);
+    run->renew_at = run->claimed_at + d->opt.lease_duration / 3;
+    disp_arm_deadline(run);
     if (run->h->def.transactional) {
         disp_set_state(run, RUN_BEGINNING);
         run->refs++;

@@ -227,7 +227,7 @@ static void on_explicit_written(settle_req *r, const char *err)
         run->settled_explicitly = 1;
         disp_set_outcome(run, disp_outcome_of(run, r->op.kind), r->op.error);
         /* a run that rb_dispatcher_free detached has no dispatcher (nor timers) any more */
-        if (run->state != RUN_SETTLED) rb_timer_stop(run->d->loop, &run->renew_timer);
+        if (run->state != RUN_SETTLED) disp_stop_renewals(run);
         /* Handed back (release, reschedule): another worker may run it now, so this run's
          * waits end and its code stops after the grace, as at the end of a lease. */
         if ((r->op.kind == RB_OP_RELEASE || r->op.kind == RB_OP_RESCHEDULE) &&
@@ -253,7 +253,7 @@ void rb_run_settle(rb_run *run, rb_settle_kind kind, double delay, const char *r
         return;
     }
     if (run->tx && run->d->store->vt->tx_exclusive) {
-        /* The renewal would wait behind the handler's own transaction; the renew timer keeps
+        /* The renewal would wait behind the handler's own transaction; the renewals keep
          * the lease instead (its writes are queued, not awaited). */
         cb(ud, "extend_lease is not available in a transactional handler on this store", 0);
         return;
