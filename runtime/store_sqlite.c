@@ -455,6 +455,11 @@ static int claim_take(rb_sqlite *s, job *j, sqlite3_int64 id, const char *token,
     sqlite3_bind_int64(st, 3, id);
     bind_boot(st, 4);
     sqlite3_bind_double(st, 5, boot_until);
+    /* The claimed row is read back by a second statement: UPDATE ... RETURNING would gather
+     * its one row in a temporary b-tree, which costs more than the lookup. */
+    if ((rc = run_to_done(s, j, st)) != SQLITE_OK || (rc = prep(s, j, ST_GET, &st)) != SQLITE_OK)
+        return rc;
+    sqlite3_bind_int64(st, 1, id);
     return collect_records(s, j, st);
 }
 

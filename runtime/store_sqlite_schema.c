@@ -65,7 +65,7 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
     [ST_CLAIM_TAKE] = "UPDATE \"{t}\" SET status = 'processing', attempts = attempts + 1,"
         " fence = fence + 1, lease_token = ?1, lease_expires_at = ?2, lease_boot = ?4,"
-        " lease_until = ?5 WHERE id = ?3 RETURNING " COLS,
+        " lease_until = ?5 WHERE id = ?3",
     [ST_COMPLETE] = "UPDATE \"{t}\" SET status = 'completed', settled_at = ?1," NO_LEASE FENCED,
     [ST_RESCHEDULE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
         " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
@@ -273,8 +273,11 @@ int rb_sqlite_open_file(const char *path, const char *table, int want_migrate, i
     int created = want_migrate && !memory ? create_private(path, err, errlen) : 0;
     int rc = SQLITE_CANTOPEN;
     if (created >= 0) {
-        /* Without migrate nothing is made: a mistyped path must not leave a file behind. */
-        int flags = SQLITE_OPEN_READWRITE | (want_migrate ? SQLITE_OPEN_CREATE : 0);
+        /* Without migrate nothing is made: a mistyped path must not leave a file behind. The
+         * connection is used on its loop's thread only: SQLite's own locking of it (the
+         * serialized mode) would be a lock and an unlock on every call, for nothing. */
+        int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX |
+                    (want_migrate ? SQLITE_OPEN_CREATE : 0);
         rc = sqlite3_open_v2(path, db, flags, NULL);
         if (rc != SQLITE_OK) {
             snprintf(err, errlen, "sqlite: %s '%s'", *db ? sqlite3_errmsg(*db)
