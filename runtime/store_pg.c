@@ -66,9 +66,14 @@ static void sb_text(rb_buf *b, const char *s)
     sb_sep(b);
     if (!s) { rb_buf_add(b, "NULL", 4); return; }
     rb_buf_add(b, "\"", 1);
-    for (const char *p = s; *p; p++) {
-        if (*p == '"' || *p == '\\') rb_buf_add(b, "\\", 1);
-        rb_buf_add(b, p, 1);
+    for (const char *p = s; *p;) {
+        size_t run = strcspn(p, "\"\\");     /* copied a run at a time, not byte by byte */
+        rb_buf_add(b, p, run);
+        p += run;
+        if (*p) {
+            rb_buf_add(b, "\\", 1);
+            rb_buf_add(b, p++, 1);
+        }
     }
     rb_buf_add(b, "\"", 1);
 }
@@ -733,7 +738,7 @@ static int int_field(const PGresult *r, int i, int col)
 static double time_field(const PGresult *r, int i, int col)
 {
     const char *v = val(r, i, col);
-    double x = v ? strtod(v, NULL) : 0;
+    double x = v ? rb_decimal_read(v, NULL) : 0;
     return isfinite(x) ? x : 0;
 }
 

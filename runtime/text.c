@@ -373,3 +373,32 @@ char *rb_text_subst(const char *tmpl, const char *marker, const char *value)
     *o = 0;
     return out;
 }
+
+double rb_decimal_read(const char *s, char **end)
+{
+    static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21,
+                                   1e22};
+    const char *p = s;
+    int neg = *p == '-';
+    if (neg) p++;
+    uint64_t m = 0;
+    int ndigits = 0, nfrac = 0, dot = 0;
+    for (;; p++) {
+        if (*p >= '0' && *p <= '9') {
+            if (++ndigits > 19) return strtod(s, end);     /* m could overflow */
+            m = m * 10 + (uint64_t)(*p - '0');
+            nfrac += dot;
+        } else if (*p == '.' && !dot) {
+            dot = 1;
+        } else {
+            break;
+        }
+    }
+    /* the whole text must be the number: an exponent, a letter or anything else is strtod's */
+    if (*p != '\0' || ndigits == 0 || m >= (UINT64_C(1) << 53) || nfrac > 22)
+        return strtod(s, end);
+    if (end) *end = (char *)p;
+    double x = (double)m / pow10[nfrac];
+    return neg ? -x : x;
+}

@@ -55,4 +55,12 @@ size_t rb_json_int(char *out, int64_t v);
  * JSON cannot hold. '.' whatever the locale. */
 size_t rb_json_float(char *out, double x);
 
+/* The number a server wrote as text ("1764755123.123456", "-0.5", "1e+30", "Infinity"), as
+ * strtod reads it: the correctly rounded double. A plain decimal of at most 15 or so digits
+ * (below 2^53 without its point, at most 22 after it) is read without strtod: that integer
+ * over a power of ten is two exact doubles and one correctly rounded division, the same bits
+ * at a tenth of the cost. Anything else, and text with more after the number, goes to strtod.
+ * *end, when end is not NULL, is set as strtod sets it. */
+double rb_decimal_read(const char *s, char **end);
+
 #endif

@@ -121,6 +121,61 @@ describe("opening a store", function()
           store:close()
         end)
       end
+      if entry.name == "sqlite" then
+        it("sqlite: a table of schema version 2 is refused without migrate and brought to 3 by open: its status CHECK allows the same four, its rows are kept and run", function()
+          local path = S.tmpfile("v2") .. ".db"
+          local store = assert(relaybus.open("sqlite:" .. path))
+          local ids = assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } })
+          store:close()
+          local function sql(text)
+            local p = assert(io.popen("sqlite3 " .. q(path) .. " " .. q(text) .. " 2>&1"))
+            local out = p:read("a")
+            p:close()
+            return out
+          end
+          local function check_of_table()
+            return sql("SELECT sql FROM sqlite_master WHERE name = 'relaybus_deliveries'"):match("CHECK %b()")
+          end
+          local old = "CHECK (status IN ('pending','processing','completed','buried'))"
+          local new = "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))"
+          assert.equal(new, check_of_table())
+          -- what the release before left: the list of four, version 2
+          local cookie = tonumber(sql("PRAGMA schema_version"))
+          sql("PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, "
+            .. "'" .. new:gsub("'", "''") .. "', '" .. old:gsub("'", "''") .. "') WHERE name = 'relaybus_deliveries'; "
+            .. "PRAGMA schema_version = " .. (cookie + 1) .. "; PRAGMA writable_schema = OFF; "
+            .. "UPDATE relaybus_schema SET version = 2")
+          assert.equal(old, check_of_table())
+          local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
+          assert.is_nil(s)
+          H.one_line(err)
+          assert.truthy(err:find("is outdated (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open("sqlite:" .. path))
+          assert.equal(new, check_of_table())
+          assert.equal("ok", (sql("PRAGMA integrity_check"):gsub("%s+$", "")))
+          -- the constraint still holds, for writers other than relaybus too
+          assert.truthy(sql("UPDATE relaybus_deliveries SET status = 'done' WHERE id = 1"):find("CHECK constraint failed", 1, true))
+          for _, st in ipairs { "pending", "processing", "completed", "buried" } do
+            assert.equal("", sql("UPDATE relaybus_deliveries SET status = '" .. st .. "' WHERE id = 99"))
+          end
+          local seen = {}
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          d:handle("t", function(delivery)
+            seen[#seen + 1] = delivery.payload.n
+            if #seen == 2 then stop() end
+          end)
+          assert.is_true((H.run(d, 10)))
+          table.sort(seen)
+          assert.same({ 1, 2 }, seen)
+          for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+          store:close()
+          -- migrating again changes nothing
+          store = assert(relaybus.open("sqlite:" .. path))
+          store:close()
+          assert.equal(new, check_of_table())
+        end)
+      end
       if entry.name == "postgresql" then
         it("postgresql: a table of schema version 2 is refused without migrate and brought to 4 by open; its deliveries then run", function()
           local url = entry.url()

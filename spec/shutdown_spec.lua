@@ -45,7 +45,10 @@ for _, entry in ipairs(S.list()) do
       local items = {}
       for i = 1, 400 do items[i] = { "sd.ahead", i } end
       local ids = assert(store:enqueue_many(items))
-      local d = H.dispatcher(store, { concurrency = 2 })
+      -- A long lease: runs claimed ahead wait for a slot up to a third of it before they are
+      -- handed back, and the stop below must find some still waiting however slow the machine
+      -- (under ASan on a loaded CI a 3 s lease let them all go back before it was made).
+      local d = H.dispatcher(store, { concurrency = 2, lease_duration = 30 })
       local stop = H.stopper(d)
       local starts, hanging, seen_ahead, stopped_at, at_stop, released = 0, 0, 0, nil, nil, nil
       local ran = {}

@@ -1,5 +1,5 @@
 /* text_test.c -- runtime/text.c (one-line messages, UTF-8 checks and cleaning, URL and message
- * redaction) and runtime/clock.c (the clocks, rb_valid_seconds, rb_lease_margin). */
+ * redaction, decimals read back) and runtime/clock.c (the clocks, rb_valid_seconds, rb_lease_margin). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +7,44 @@
 #include <time.h>
 #include "harness.h"
 #include "text.h"
+
+/* ---- rb_decimal_read ------------------------------------------------------------------------ */
+/* The same bits and the same end as strtod, for what servers write and for hostile text. */
+static void decimal_read_matches(const char *text)
+{
+    char *e1 = NULL, *e2 = NULL;
+    double a = rb_decimal_read(text, &e1), b = strtod(text, &e2);
+    if (isnan(b)) assert_true(isnan(a));
+    else if (memcmp(&a, &b, sizeof a) != 0) fail_msg("rb_decimal_read(\"%s\") = %.17g, strtod %.17g", text, a, b);
+    assert_ptr_equal(e1, e2);
+}
+
+static void decimal_read_gives_strtods_bits(void **state)
+{
+    (void)state;
+    static const char *const fixed[] = {
+        "0", "-0", "1", "-1", "0.5", ".5", "5.", "1764755123.123456", "1764755123.1234567",
+        "9007199254740991", "9007199254740992", "9007199254740993", "123456789012345678901",
+        "0.0000000000000000000001", "0.00000000000000000000001", "1e22", "1.5e-3", "-2.5E+10",
+        "Infinity", "-Infinity", "NaN", "", "-", ".", "-.", "..1", "1..2", "1.2.3", " 1", "+1",
+        "12abc", "0x1p3", "4503599627370496.5", "0.1", "0.3", "2.2250738585072014e-308",
+        "99999999999999999999", "1.7976931348623157e308",
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) decimal_read_matches(fixed[i]);
+    /* random decimals of every length around the fast path's bounds */
+    srand(42);
+    char text[64];
+    for (int n = 0; n < 200000; n++) {
+        int len = 1 + rand() % 24, dot = rand() % (len + 1), k = 0;
+        if (rand() % 4 == 0) text[k++] = '-';
+        for (int i = 0; i < len; i++) {
+            if (i == dot) text[k++] = '.';
+            text[k++] = (char)('0' + rand() % 10);
+        }
+        text[k] = '\0';
+        decimal_read_matches(text);
+    }
+}
 
 /* ---- rb_one_line ------------------------------------------------------------------------------ */
 static void one_line_collapses_whitespace_and_escapes_controls(void **state)
@@ -270,6 +308,8 @@ int main(void)
              lease_margin_is_a_tenth_within_bounds),
         TEST("the monotonic, boot and wall clocks move forward together",
              the_clocks_move_forward_together),
+        TEST("rb_decimal_read gives strtod's bits and end, fast path or not",
+             decimal_read_gives_strtods_bits),
     };
     return cmocka_run_group_tests_name("text", tests, NULL, NULL);
 }
