@@ -2,7 +2,10 @@
 -- `relaybus run bench/processes_worker.lua` processes, lets them all go at once, and times
 -- until every delivery is completed (read from the store), then stops them with SIGTERM.
 --   build/relaybus run bench/processes.lua URL [N] [P] [CONCURRENCY] [LABEL]
--- Prints: LABEL processes: P x concurrency C drained N in S s = R/s
+-- Prints: LABEL processes: P x concurrency C drained N in S s = R/s, and where the CPU went:
+-- the workers' own (each reports its CPU time from the start of the drain to its exit) and,
+-- on PostgreSQL, the server's (every process of the cluster, from /proc, when this process may
+-- read them), per 1,000 deliveries: time that grows with P is what many processes cost.
 local relaybus = require "relaybus"
 local B = dofile((arg[0]:match("^(.*/)") or "./") .. "common.lua")
 
@@ -20,6 +23,41 @@ local store = B.open(url, opts)
 local tfill = B.fill(store, "noop", N, 1000)
 print(string.format("%s processes: enqueued %s in %.2f s (setup)", label, B.int(N), tfill))
 
+-- CPU seconds of the PostgreSQL cluster's processes (the postmaster and its children), or nil
+-- when its data directory or its processes cannot be read.
+local clk_tck = tonumber(io.popen("getconf CLK_TCK"):read("l")) or 100
+local cores = tonumber(io.popen("nproc"):read("l")) or 1
+local postmaster
+if not url:match("^sqlite:") and not url:match("^mongodb") then
+  local ok, rows = store:transaction(function(tx) return tx:query("SHOW data_directory") end)
+  local f = ok and rows[1] and io.open(rows[1].data_directory .. "/postmaster.pid")
+  if f then postmaster = f:read("l"); f:close() end
+end
+local function server_cpu()
+  if not postmaster then return nil end
+  local ticks, found = 0, false
+  local ls = io.popen("ls /proc")
+  for pid in ls:lines() do
+    if pid:match("^%d+$") then
+      local f = io.open("/proc/" .. pid .. "/stat")
+      local st = f and f:read("a")
+      if f then f:close() end
+      local rest = st and st:match("%) (.*)")
+      if rest then
+        local fields = {}
+        for w in rest:gmatch("%S+") do fields[#fields + 1] = w end
+        -- after the name: state ppid ... utime (the 12th) stime (the 13th)
+        if pid == postmaster or fields[2] == postmaster then
+          ticks = ticks + tonumber(fields[12]) + tonumber(fields[13])
+          found = true
+        end
+      end
+    end
+  end
+  ls:close()
+  return found and ticks / clk_tck or nil
+end
+
 local dir = os.tmpname()
 os.remove(dir)
 assert(os.execute("mkdir -p " .. dir))
@@ -28,6 +66,7 @@ local pids = B.start_workers(dir, P, function(i)
     bin, here, url, url:match("^sqlite:") and "-" or tbl, C, dir, dir, i)
 end)
 local t0, w0 = relaybus.now(), relaybus.time()
+local cpu0 = server_cpu()
 io.open(dir .. "/go", "w"):close()
 -- Polled slowly: a count over the table is not free, and the end comes from the workers.
 local s
@@ -35,16 +74,23 @@ repeat
   relaybus.sleep(0.25)
   s = assert(store:stats())
 until s.completed >= N or relaybus.now() - t0 > 300
+local cpu1 = server_cpu()
 os.execute("kill -TERM " .. table.concat(pids, " ") .. " 2>/dev/null")
-local last, ran = 0, {}
+local last, ran, worker_cpu = 0, {}, 0
 for i = 1, P do
   local got
   for _ = 1, 300 do
     local f = io.open(dir .. "/w" .. i .. ".log")
     local text = f and f:read("a") or ""
     if f then f:close() end
-    local n, l = text:match("RAN (%d+) LAST ([%d.]+)")
-    if n then got = true; ran[#ran + 1] = n; last = math.max(last, tonumber(l)); break end
+    local n, l, cpu = text:match("RAN (%d+) LAST ([%d.]+) .*CPU ([%d.]+)")
+    if n then
+      got = true
+      ran[#ran + 1] = n
+      last = math.max(last, tonumber(l))
+      worker_cpu = worker_cpu + tonumber(cpu)
+      break
+    end
     relaybus.sleep(0.1)
   end
   if not got then print(string.format("%s processes: NOTE worker %d gave no result (see %s)", label, i, dir)) end
@@ -58,4 +104,8 @@ end
 os.execute("rm -rf " .. dir)
 print(string.format("%s processes: %d x concurrency %d drained %s in %.2f s = %s/s (per worker: %s)",
   label, P, C, B.int(N), dt, B.int(N / dt), table.concat(ran, ", ")))
+print(string.format("%s processes: %d x concurrency %d: CPU per 1,000 deliveries: workers %.1f ms%s",
+  label, P, C, 1e6 * worker_cpu / N,
+  cpu0 and cpu1 and string.format(", server %.1f ms (in %.2f s of the drain: %.0f%% of the %d cores busy)",
+    1e6 * (cpu1 - cpu0) / N, dt, 100 * (worker_cpu + cpu1 - cpu0) / dt / cores, cores) or ""))
 store:close()

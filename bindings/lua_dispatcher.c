@@ -324,8 +324,8 @@ static int l_ctx_index(lua_State *L)
 }
 
 /* ---- handler callbacks from the dispatcher ------------------------------------------------- */
-/* The run has settled: the ctx keeps nothing of it, the registry lets the ctx go, and the
- * task (whose coroutine has ended) goes back to the pool. */
+/* The run has settled: the ctx keeps nothing of it, and the task (whose coroutine has ended)
+ * goes back to the pool or away, and with it the hold on the ctx. */
 static void ctx_release(lua_ctx *c)
 {
     rb_task *t = c->task;
@@ -352,7 +352,7 @@ static void on_handler_end(rb_task *t, int ok, const char *err)
     lua_ctx *c = t->ud;
     rb_run *run = t->run;
     /* The handler's transaction object is unusable from here on. */
-    if (c->tx) rb_tx_invalidate_object(c->tx);
+    if (c->tx && !t->m->closing) rb_tx_invalidate_object(c->tx);
     static rb_log_limit raised;
     if (!ok && !rb_run_aborted(run))
         rb_log_limited_d(&raised, RB_LOG_INFO, rb_run_delivery(run)->id, rb_run_delivery(run)->topic,

@@ -492,7 +492,7 @@ static int sleep_add(rb_module *m, rb_await *w, double secs)
 {
     if (m->nsleepers == m->sleepers_cap) {
         unsigned cap = m->sleepers_cap ? m->sleepers_cap * 2 : 64;
-        rb_await **grown = cap > m->sleepers_cap ? realloc(m->sleepers, cap * sizeof *grown) : NULL;
+        rb_await **grown = cap > m->sleepers_cap ? rb_realloc(m->sleepers, cap * sizeof *grown) : NULL;
         if (!grown) return -1;
         m->sleepers = grown;
         m->sleepers_cap = cap;

@@ -46,8 +46,7 @@ for _, entry in ipairs(S.list()) do
       for i = 1, 400 do items[i] = { "sd.ahead", i } end
       local ids = assert(store:enqueue_many(items))
       -- A long lease: runs claimed ahead wait for a slot up to a third of it before they are
-      -- handed back, and the stop below must find some still waiting however slow the machine
-      -- (under ASan on a loaded CI a 3 s lease let them all go back before it was made).
+      -- handed back, and the stop below must find them still waiting however slow the machine.
       local d = H.dispatcher(store, { concurrency = 2, lease_duration = 30 })
       local stop = H.stopper(d)
       local starts, hanging, seen_ahead, stopped_at, at_stop, released = 0, 0, 0, nil, nil, nil
@@ -56,7 +55,11 @@ for _, entry in ipairs(S.list()) do
         starts = starts + 1
         assert(not ran[delivery.id], "a delivery ran twice")
         ran[delivery.id] = true
-        if starts <= 100 then return end        -- fast: the dispatcher learns to claim ahead
+        -- The first 100 are fast: the dispatcher learns to claim ahead. Then one hangs, and a
+        -- second hangs as soon as one starts with others claimed ahead waiting behind it (how
+        -- many are claimed ahead when depends on the machine's speed: waiting for the state
+        -- to test, not assuming it, keeps a loaded CI from missing it).
+        if starts <= 100 or (hanging == 1 and d:stats().ahead == 0) then return end
         hanging = hanging + 1
         while not ctx.signal.aborted do
           local st = d:stats()
@@ -95,9 +98,9 @@ for _, entry in ipairs(S.list()) do
           assert.equal(0, r.attempts)
         end
       end
-      assert.equal(100, completed)
-      assert.equal(300, pending)
-      assert.equal(102, starts)
+      assert.equal(starts - 2, completed)   -- all but the two hanging
+      assert.equal(400 - completed, pending)
+      assert.is_true(starts >= 102)
     end)
 
     it("handlers that finish within 4/5 of T complete, and stop returns once they have", function()
