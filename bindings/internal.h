@@ -95,7 +95,7 @@ struct rb_task {
     /* Called when the coroutine ends: ok, or the error message. */
     void (*on_end)(rb_task *t, int ok, const char *err);
     void *ud;
-    void (*on_close)(rb_task *t);       /* frees ud when the state closes with t still alive */
+    void (*on_close)(rb_task *t);       /* the state closes with t still alive: ud goes */
     rb_task *live_prev, *live_next;     /* on m->live until freed or pooled */
     /* On one queue at a time: m->deferred, m->yielded, or m->task_pool once finished. */
     rb_task *queue_next;

@@ -41,9 +41,10 @@ typedef struct lua_handler {
 } lua_handler;
 
 /* A run's ctx is also its data on the C side (rb_run_set_data): everything a run of a Lua
- * handler keeps is in this userdata and its task. The bottom of the task's coroutine stack
- * holds it, below the handler's frame, from the handler's start until the run settles; the
- * handler's code may keep it longer. */
+ * handler keeps is in this userdata and its task. From the handler's start until the run
+ * settles, the registry slot of the task's coroutine holds the ctx instead, and the ctx holds
+ * the coroutine (CTX_CO): one slot keeps both, whatever the handler's code does with either
+ * (coroutine.close on it included). The handler's code may keep the ctx longer. */
 typedef struct lua_ctx {
     rb_task *task;          /* NULL once the run settled */
     rb_run *run;            /* NULL once the run settled */
@@ -55,7 +56,7 @@ typedef struct lua_ctx {
 } lua_ctx;
 
 /* The ctx's user values. */
-enum { CTX_SIGNAL = 1, CTX_TX, CTX_DELIVERY, CTX_NUV = CTX_DELIVERY };
+enum { CTX_SIGNAL = 1, CTX_TX, CTX_DELIVERY, CTX_CO, CTX_NUV = CTX_CO };
 
 /* ---- signal -------------------------------------------------------------------------------
  * A signal object shows an rb_signal: its own (a named lease's handle.signal), or one kept in
@@ -329,15 +330,21 @@ static int l_ctx_index(lua_State *L)
 static void ctx_release(lua_ctx *c)
 {
     rb_task *t = c->task;
+    lua_State *L = t->m->L;
     c->run = NULL;
     c->task = NULL;
     t->run = NULL;
     t->signal = NULL;
     t->ud = NULL;
-    /* A coroutine that returned lets go of the ctx below its results, and can run again; one
-     * that raised or was stopped is dropped whole (rb_task_free). */
-    if (t->done && !t->running && !t->m->closing && lua_status(t->co) == LUA_OK)
-        lua_settop(t->co, 0);
+    if (!t->m->closing) {
+        /* the coroutine's registry slot holds the coroutine again, not the ctx */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, t->co_ref);
+        lua_getiuservalue(L, -1, CTX_CO);
+        lua_rawseti(L, LUA_REGISTRYINDEX, t->co_ref);
+        lua_pop(L, 1);
+        /* a coroutine that returned values can run again without them */
+        if (t->done && !t->running && lua_status(t->co) == LUA_OK) lua_settop(t->co, 0);
+    }
     rb_task_free(t);
 }
 
@@ -414,16 +421,18 @@ static void handler_start(rb_run *run, void *ud)
     }
     lua_pushvalue(L, rec);
     lua_setiuservalue(L, -2, CTX_DELIVERY);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->co_ref);
+    lua_setiuservalue(L, -2, CTX_CO);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, LUA_REGISTRYINDEX, t->co_ref);     /* see lua_ctx */
     rb_run_set_data(run, c);
 
-    /* the coroutine's stack: the ctx that keeps the run's data alive, then the handler, the
-     * delivery and the ctx as its arguments */
-    lua_pushvalue(L, -1);
+    /* the coroutine's stack: the handler, the delivery and the ctx */
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->fn_ref);
     lua_pushvalue(L, rec);
     lua_pushvalue(L, -3);
-    lua_xmove(L, t->co, 4);
-    lua_pop(L, 1);          /* the record */
+    lua_xmove(L, t->co, 3);
+    lua_pop(L, 2);          /* the ctx and the record */
     rb_task_install_hook(t);
     rb_task_start(t, 2);
 }

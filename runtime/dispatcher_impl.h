@@ -77,7 +77,7 @@ struct rb_run {
     run_state state;
     rb_abort_reason aborted;
     rb_outcome outcome;         /* what the run came to, for the settled event */
-    int refs;                   /* store operations in flight that point at this run */
+    int refs;                   /* holds on it: store operations in flight, callbacks running */
     unsigned char settled_explicitly;   /* a ctx settle call was written: the return is ignored */
     unsigned char abandoned;    /* the stop timed out: write nothing more */
     unsigned char renewing;     /* a renewal is in flight */

@@ -1,8 +1,8 @@
 -- sleep_spec.lua -- the runtime's sleeps and its handler coroutines, attacked: sleepers wake in
 -- order and never early whatever order they began in, sleep(0) gives the loop's other work its
--- turn, sleeps ended early by aborts leave the others on time, and a run's data stays alive
--- while its handler has dropped every reference to ctx and delivery. The dispatcher cases run
--- on every store.
+-- turn, sleeps ended early by aborts leave the others on time, a run's data stays alive while
+-- its handler has dropped every reference to ctx and delivery or its coroutine was closed, and
+-- nothing of a run stays behind. The dispatcher cases run on every store.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local relaybus = S.relaybus()
@@ -142,6 +142,60 @@ for _, entry in ipairs(S.list()) do
       end)
       assert.is_true(H.run(d, 20))
       for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+    end)
+
+    it("what the runtime holds does not grow with the deliveries it has run", function()
+      -- each delivery carries 20 KB: a record kept anywhere by the runtime (once, each was
+      -- left on the main Lua stack for as long as relaybus.run lasted) shows as megabytes
+      local big = string.rep("x", 20000)
+      local batch = {}
+      for i = 1, 1000 do batch[i] = { "sl.mem", { i = i, pad = big } } end
+      assert(store:enqueue_many(batch))
+      local d = H.dispatcher(store, { concurrency = 16 })
+      local stop = H.stopper(d)
+      local done, kib = 0, {}
+      local function heap()
+        collectgarbage()
+        collectgarbage()
+        return collectgarbage("count")
+      end
+      d:handle("sl.mem", function()
+        done = done + 1
+        if done == 100 or done == 1000 then
+          relaybus.spawn(function()
+            kib[#kib + 1] = heap()
+            if #kib == 2 then stop() end
+          end)
+        end
+      end)
+      assert.is_true(H.run(d, 60))
+      assert.equal(2, #kib)
+      assert.is_true(kib[2] - kib[1] < 5 * 1024,
+        string.format("the heap grew by %.1f MiB over 900 deliveries of 20 KB", (kib[2] - kib[1]) / 1024))
+    end)
+
+    it("a handler's coroutine closed by another task while it sleeps fails the run, and nothing of the run is lost", function()
+      local id = assert(store:enqueue("sl.close", {}, { max_attempts = 1 }))
+      local d = H.dispatcher(store)
+      local stop = H.stopper(d)
+      local closed
+      d:handle("sl.close", function(delivery, ctx)
+        local co = coroutine.running()
+        relaybus.spawn(function()
+          relaybus.sleep(0.02)  -- the handler is asleep in ctx:sleep now
+          closed = { coroutine.close(co) }
+          collectgarbage()
+          collectgarbage()      -- nothing may free the run's ctx under the runtime
+          relaybus.sleep(0.2)
+          stop()
+        end)
+        ctx:sleep(0.1)
+      end)
+      assert.is_true(H.run(d, 20))
+      assert.same({ true }, closed)
+      local r = assert(store:get(id))
+      assert.equal("buried", r.status)
+      assert.truthy(tostring(r.last_error):find("dead coroutine", 1, true), r.last_error)
     end)
 
     it("handlers that return values, raise, or yield bare leave coroutines that later runs use cleanly", function()
