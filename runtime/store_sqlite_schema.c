@@ -13,7 +13,7 @@
 #include "alloc.h"
 #include "text.h"
 
-#define SCHEMA_VERSION  3
+#define SCHEMA_VERSION  2
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
 
 /* --- schema ----------------------------------------------------------------------------- */
@@ -53,20 +53,11 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "ALTER TABLE \"{t}\" ADD COLUMN lease_until REAL;"
     "ALTER TABLE \"{t}_leases\" ADD COLUMN boot TEXT;"
     "ALTER TABLE \"{t}_leases\" ADD COLUMN until REAL;",
-    /* 3: the status CHECK as two lists of two. SQLite tests a value against a list of more
-     * than two constants by building a temporary b-tree each time a statement runs: two
-     * zeroed pages and a dozen allocations in every claim, settle and enqueue, half the work
-     * of a drain. Two lists of two are plain comparisons, and allow the same four statuses.
-     * SQLite changes no CHECK in place: the table's definition is rewritten in sqlite_master,
-     * its documented way for a constraint that every row already meets, and migrate() then
-     * moves the schema cookie on so that every connection reads the definition anew. */
-    "PRAGMA writable_schema = ON;"
-    "UPDATE sqlite_master SET sql = replace(sql,"
-    " 'CHECK (status IN (''pending'',''processing'',''completed'',''buried''))',"
-    " 'CHECK (status IN (''pending'',''processing'') OR status IN (''completed'',''buried''))')"
-    " WHERE type = 'table' AND name = '{t}';"
-    "PRAGMA writable_schema = OFF;",
 };
+
+/* The status CHECK as migration 1 wrote it, and as it is rewritten (see fast_check). */
+#define SLOW_CHECK "CHECK (status IN ('pending','processing','completed','buried'))"
+#define FAST_CHECK "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))"
 
 
 const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
@@ -172,20 +163,54 @@ static int record_version(sqlite3 *db, const char *table)
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-/* After a definition was rewritten in sqlite_master: the schema cookie moves on, and every
- * connection (this one too) reads the schema again before its next statement. */
-static int bump_schema_cookie(sqlite3 *db)
+/* 1 when the table's definition still has SLOW_CHECK (0 when not, or when it cannot tell). */
+static int has_slow_check(sqlite3 *db, const char *table)
 {
     sqlite3_stmt *st;
-    int rc = sqlite3_prepare_v2(db, "PRAGMA schema_version", -1, &st, NULL);
-    if (rc != SQLITE_OK) return rc;
-    rc = sqlite3_step(st);
-    int cookie = sqlite3_column_int(st, 0);
+    if (sqlite3_prepare_v2(db, "SELECT instr(sql, ?2) > 0 FROM sqlite_master"
+                           " WHERE type = 'table' AND name = ?1", -1, &st, NULL) != SQLITE_OK)
+        return 0;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, SLOW_CHECK, -1, SQLITE_STATIC);
+    int slow = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
-    if (rc != SQLITE_ROW) return rc == SQLITE_DONE ? SQLITE_ERROR : rc;
-    char sql[48];
-    snprintf(sql, sizeof sql, "PRAGMA schema_version = %d", cookie + 1);
-    return sqlite3_exec(db, sql, NULL, NULL, NULL);
+    return slow;
+}
+
+/* Inside migrate's transaction: the status CHECK becomes two lists of two. SQLite tests a
+ * value against a list of more than two constants by building a temporary b-tree every time a
+ * statement runs: two zeroed pages and a dozen allocations in every claim, settle and
+ * enqueue, half the work of a drain. Two lists of two are plain comparisons and allow the
+ * same four statuses, so this is no schema version: relaybus of any version goes on using the
+ * file. SQLite changes no CHECK in place; its documented way for a constraint that every row
+ * already meets is to rewrite the table's definition in sqlite_master (writable_schema), then
+ * move the schema cookie on, so that every connection reads the definition anew. Where SQLite
+ * refuses (a build in defensive mode), the table keeps the list of four: only its speed
+ * differs. */
+static void fast_check(sqlite3 *db, const char *table)
+{
+    sqlite3_stmt *st;
+    int cookie = -1, changed = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA schema_version", -1, &st, NULL) == SQLITE_OK) {
+        if (sqlite3_step(st) == SQLITE_ROW) cookie = sqlite3_column_int(st, 0);
+        sqlite3_finalize(st);
+    }
+    if (cookie < 0 || sqlite3_exec(db, "PRAGMA writable_schema = ON", NULL, NULL, NULL) != SQLITE_OK)
+        return;
+    if (sqlite3_prepare_v2(db, "UPDATE sqlite_master SET sql = replace(sql, ?2, ?3)"
+                           " WHERE type = 'table' AND name = ?1", -1, &st, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, SLOW_CHECK, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, FAST_CHECK, -1, SQLITE_STATIC);
+        changed = sqlite3_step(st) == SQLITE_DONE && sqlite3_changes(db) > 0;
+        sqlite3_finalize(st);
+    }
+    if (changed) {
+        char sql[48];
+        snprintf(sql, sizeof sql, "PRAGMA schema_version = %d", cookie + 1);
+        sqlite3_exec(db, sql, NULL, NULL, NULL);
+    }
+    sqlite3_exec(db, "PRAGMA writable_schema = OFF", NULL, NULL, NULL);
 }
 
 /* Applies the migrations this table lacks, in one transaction; idempotent. */
@@ -193,7 +218,7 @@ static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
 {
     /* Current already (the usual case): a read says so, and no write lock is taken -- a
      * worker restarting beside a busy one must not queue for the single writer. */
-    if (schema_version(db, table) == SCHEMA_VERSION) return 0;
+    if (schema_version(db, table) == SCHEMA_VERSION && !has_slow_check(db, table)) return 0;
     int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
                           " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
     int v = rc == SQLITE_OK ? schema_version(db, table) : -1;
@@ -204,11 +229,10 @@ static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
         return -1;
     }
     if (v < 0) rc = rc == SQLITE_OK ? SQLITE_ERROR : rc;
-    for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++) {
+    for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++)
         rc = exec_template(db, migrations[i], table);
-        if (rc == SQLITE_OK && strstr(migrations[i], "writable_schema")) rc = bump_schema_cookie(db);
-    }
     if (rc == SQLITE_OK && v < SCHEMA_VERSION) rc = record_version(db, table);
+    if (rc == SQLITE_OK && has_slow_check(db, table)) fast_check(db, table);
     if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
         snprintf(err, errlen, "sqlite: cannot create the schema of '%s': %s", table,
