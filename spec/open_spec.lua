@@ -27,6 +27,22 @@ local function run_script(src, args)
   return code, S.read(base .. ".out") or "", S.read(base .. ".err") or ""
 end
 
+-- After an upgrade: the two deliveries `ids` (topic "t", payloads {n = 1} and {n = 2}) run and
+-- complete.
+local function runs_both(store, ids)
+  local seen = {}
+  local d = H.dispatcher(store)
+  local stop = H.stopper(d)
+  d:handle("t", function(delivery)
+    seen[#seen + 1] = delivery.payload.n
+    if #seen == 2 then stop() end
+  end)
+  assert.is_true((H.run(d, 10)))
+  table.sort(seen)
+  assert.same({ 1, 2 }, seen)
+  for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+end
+
 describe("opening a store", function()
   teardown(function() S.cleanup() end)
 
@@ -158,17 +174,7 @@ describe("opening a store", function()
           for _, st in ipairs { "pending", "processing", "completed", "buried" } do
             assert.equal("", sql("UPDATE relaybus_deliveries SET status = '" .. st .. "' WHERE id = 99"))
           end
-          local seen = {}
-          local d = H.dispatcher(store)
-          local stop = H.stopper(d)
-          d:handle("t", function(delivery)
-            seen[#seen + 1] = delivery.payload.n
-            if #seen == 2 then stop() end
-          end)
-          assert.is_true((H.run(d, 10)))
-          table.sort(seen)
-          assert.same({ 1, 2 }, seen)
-          for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+          runs_both(store, ids)
           store:close()
           -- opening again changes nothing
           store = assert(relaybus.open("sqlite:" .. path))
@@ -193,17 +199,7 @@ describe("opening a store", function()
           H.one_line(err)
           assert.truthy(err:find("version 2, this relaybus needs 4 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
-          local seen = {}
-          local d = H.dispatcher(store)
-          local stop = H.stopper(d)
-          d:handle("t", function(ctx)
-            seen[#seen + 1] = ctx.payload.n
-            if #seen == 2 then stop() end
-          end)
-          assert.is_true((H.run(d, 10)))
-          table.sort(seen)
-          assert.same({ 1, 2 }, seen)
-          for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+          runs_both(store, ids)
           store:close()
         end)
         it("postgresql: a table of schema version 3 gets the claim function whose plans reach rows by key", function()
