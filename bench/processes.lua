@@ -25,8 +25,14 @@ print(string.format("%s processes: enqueued %s in %.2f s (setup)", label, B.int(
 
 -- CPU seconds of the PostgreSQL cluster's processes (the postmaster and its children), or nil
 -- when its data directory or its processes cannot be read.
-local clk_tck = tonumber(io.popen("getconf CLK_TCK"):read("l")) or 100
-local cores = tonumber(io.popen("nproc"):read("l")) or 1
+local function command_number(cmd)
+  local h = io.popen(cmd)
+  local v = tonumber(h:read("l"))
+  h:close()
+  return v
+end
+local clk_tck = command_number("getconf CLK_TCK") or 100
+local cores = command_number("nproc") or 1
 local postmaster
 if not url:match("^sqlite:") and not url:match("^mongodb") then
   local ok, rows = store:transaction(function(tx) return tx:query("SHOW data_directory") end)

@@ -48,7 +48,6 @@ typedef struct lua_handler {
 typedef struct lua_ctx {
     rb_task *task;          /* NULL once the run settled */
     rb_run *run;            /* NULL once the run settled */
-    lua_handler *h;
     void *tx;               /* transactional: the ctx.transaction object (a user value;
                              * once the run has ended it is closed, and raises) */
     rb_signal signal;       /* the run's abort flag; the ctx.signal object, made on first
@@ -307,7 +306,7 @@ static int l_ctx_index(lua_State *L)
         return 1;
     }
     if (strcmp(k, "transaction") == 0) {
-        if (lua_getiuservalue(L, 1, CTX_TX) == LUA_TNIL && !c->tx)
+        if (lua_getiuservalue(L, 1, CTX_TX) == LUA_TNIL)
             return rb_misuse(L, "ctx.transaction: this handler is not transactional (declare "
                                 "it with d:handle(topic, fn, {transactional = true}))");
         return 1;
@@ -404,7 +403,6 @@ static void handler_start(rb_run *run, void *ud)
     memset(c, 0, sizeof *c);
     c->task = t;
     c->run = run;
-    c->h = h;
     rb_signal_init(&c->signal, m);
     luaL_setmetatable(L, RB_CTX_MT);
     t->run = run;

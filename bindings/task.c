@@ -505,7 +505,8 @@ static int sleep_add(rb_module *m, rb_await *w, double secs)
     return 0;
 }
 
-static void sleep_remove(rb_module *m, rb_await *w)
+/* Takes w out of the heap; 1 when it was the earliest (the timer must be set anew). */
+static int heap_remove(rb_module *m, rb_await *w)
 {
     unsigned i = w->slot;
     rb_await *last = m->sleepers[--m->nsleepers];
@@ -515,7 +516,12 @@ static void sleep_remove(rb_module *m, rb_await *w)
         sift_down(m, i);
         sift_up(m, last->slot);
     }
-    if (i == 0) arm_sleep_timer(m);
+    return i == 0;
+}
+
+static void sleep_remove(rb_module *m, rb_await *w)
+{
+    if (heap_remove(m, w)) arm_sleep_timer(m);
 }
 
 /* Wakes the sleepers that are due, earliest first. Only those that began before this firing:
@@ -530,7 +536,7 @@ static void on_sleepers_due(struct ev_loop *loop, ev_timer *timer, int revents)
     while (m->nsleepers > 0 && !m->closing) {
         rb_await *w = m->sleepers[0];
         if (w->wake_at > now || (int)(w->round - round) > 0) break;
-        sleep_remove(m, w);
+        heap_remove(m, w);      /* the timer is set once, below, not for each sleeper woken */
         lua_State *T = rb_await_target(w);
         if (T) lua_pushboolean(T, 1);
         rb_await_resolve(w, T ? 1 : 0);

@@ -282,9 +282,8 @@ static void stop_run_clocks(rb_run *run)
 
 void disp_stop_clocks(rb_run *run)
 {
-    run->deadline_armed = 0;
-    run->renew_at = run->retry_at = INFINITY;
-    rb_timer_stop(run->d->loop, &run->timer);
+    run->retry_at = INFINITY;
+    stop_run_clocks(run);
 }
 
 rb_abort_reason rb_run_check(rb_run *run)
