@@ -138,29 +138,39 @@ describe("opening a store", function()
         end)
       end
       if entry.name == "sqlite" then
+        -- The status CHECK as every relaybus before 2026-12-03 made it, and as it is rewritten.
+        local OLD_CHECK = "CHECK (status IN ('pending','processing','completed','buried'))"
+        local NEW_CHECK = "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))"
+        local function sqlite_cli(path, text)
+          local p = assert(io.popen("sqlite3 " .. q(path) .. " " .. q(text) .. " 2>&1"))
+          local out = p:read("a")
+          p:close()
+          return out
+        end
+        local function check_of(path)
+          return sqlite_cli(path, "SELECT sql FROM sqlite_master WHERE name = 'relaybus_deliveries'"):match("CHECK %b()")
+        end
+        -- A file made by this relaybus, its CHECK then put back as the older ones wrote it.
+        local function file_with_old_check(path, items)
+          local store = assert(relaybus.open("sqlite:" .. path))
+          local ids = assert(store:enqueue_many(items))
+          store:close()
+          assert.equal(NEW_CHECK, check_of(path))
+          local cookie = tonumber(sqlite_cli(path, "PRAGMA schema_version"))
+          sqlite_cli(path, "PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, "
+            .. "'" .. NEW_CHECK:gsub("'", "''") .. "', '" .. OLD_CHECK:gsub("'", "''") .. "') WHERE name = 'relaybus_deliveries'; "
+            .. "PRAGMA schema_version = " .. (cookie + 1) .. "; PRAGMA writable_schema = OFF")
+          assert.equal(OLD_CHECK, check_of(path))
+          return ids
+        end
+
         it("sqlite: a table whose status CHECK is the list of four gets two lists of two from a migrating open, and nothing else changes", function()
           local path = S.tmpfile("check") .. ".db"
-          local store = assert(relaybus.open("sqlite:" .. path))
-          local ids = assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } })
-          store:close()
-          local function sql(text)
-            local p = assert(io.popen("sqlite3 " .. q(path) .. " " .. q(text) .. " 2>&1"))
-            local out = p:read("a")
-            p:close()
-            return out
-          end
-          local function check_of_table()
-            return sql("SELECT sql FROM sqlite_master WHERE name = 'relaybus_deliveries'"):match("CHECK %b()")
-          end
-          local old = "CHECK (status IN ('pending','processing','completed','buried'))"
-          local new = "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))"
-          assert.equal(new, check_of_table())
-          -- what every relaybus before this one made
-          local cookie = tonumber(sql("PRAGMA schema_version"))
-          sql("PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, "
-            .. "'" .. new:gsub("'", "''") .. "', '" .. old:gsub("'", "''") .. "') WHERE name = 'relaybus_deliveries'; "
-            .. "PRAGMA schema_version = " .. (cookie + 1) .. "; PRAGMA writable_schema = OFF")
-          assert.equal(old, check_of_table())
+          local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } })
+          local function sql(text) return sqlite_cli(path, text) end
+          local function check_of_table() return check_of(path) end
+          local old, new = OLD_CHECK, NEW_CHECK
+          local store
           -- the same schema version: an open without migrate takes it as it is
           store = assert(relaybus.open("sqlite:" .. path, { migrate = false }))
           store:close()
@@ -180,6 +190,50 @@ describe("opening a store", function()
           store = assert(relaybus.open("sqlite:" .. path))
           store:close()
           assert.equal(new, check_of_table())
+        end)
+
+        it("sqlite: six processes opening a file with the list of four at once all run, the rewrite happens once, and every delivery runs once", function()
+          local path = S.tmpfile("race") .. ".db"
+          local items = {}
+          for i = 1, 600 do items[i] = { "t", { n = i } } end
+          file_with_old_check(path, items)
+          local script = S.tmpfile("race") .. ".lua"
+          S.write(script, [[
+local relaybus = require "relaybus"
+local store, err = relaybus.open("sqlite:" .. arg[1])
+if not store then print("ERR " .. err) os.exit(1) end
+local d = relaybus.dispatcher(store, { concurrency = 8, poll_interval = 0.05 })
+local ran = {}
+d:handle("t", function(delivery, ctx) ran[#ran + 1] = delivery.payload.n; ctx:sleep(0.001) end)
+d:start()
+relaybus.spawn(function()
+  while store:stats().completed < 600 do relaybus.sleep(0.05) end
+  d:stop()
+end)
+relaybus.run()
+print("RAN " .. table.concat(ran, ","))
+]])
+          local base = S.tmpfile("race")
+          local line = "("
+          for i = 1, 6 do
+            line = line .. q(S.bin) .. " run " .. q(script) .. " " .. q(path) .. " >" .. q(base .. i) .. " 2>&1 & "
+          end
+          assert.is_true(os.execute(line .. "wait)"))
+          local seen, runs = {}, 0
+          for i = 1, 6 do
+            local out = S.read(base .. i) or ""
+            local list = out:match("RAN ([%d,]*)")
+            assert.truthy(list, "process " .. i .. ": " .. out)
+            for n in list:gmatch("%d+") do
+              runs = runs + 1
+              assert.is_nil(seen[n], "delivery " .. n .. " ran twice")
+              seen[n] = true
+            end
+          end
+          assert.equal(600, runs)
+          assert.equal(NEW_CHECK, check_of(path))
+          assert.equal("ok", (sqlite_cli(path, "PRAGMA integrity_check"):gsub("%s+$", "")))
+          assert.equal("600", (sqlite_cli(path, "SELECT count(*) FROM relaybus_deliveries WHERE status = 'completed'"):gsub("%s+$", "")))
         end)
       end
       if entry.name == "postgresql" then
