@@ -59,10 +59,12 @@ struct rb_module {
     int backend_fd;             /* the loop's epoll descriptor: the host polls it */
     double step_deadline;       /* monotonic; 0 outside a step with a budget */
     RB_FIFO(rb_task) deferred;
-    /* Tasks that yielded with a bare coroutine.yield(): one idle watcher resumes them at the
-     * next loop iteration (task.c). */
+    /* Tasks that yielded with a bare coroutine.yield() (or after many waits answered at
+     * once): one timer of 0 s resumes them at the next loop iteration, with the sleepers due
+     * then (an idle watcher would wait while any timer is pending: behind a loop of sleep(0),
+     * for ever) (task.c). */
     RB_FIFO(rb_task) yielded;
-    rb_idle yield_idle;
+    rb_timer yield_timer;
     /* Sleeping waits (relaybus.sleep, ctx:sleep): a heap, earliest first, under one timer
      * (task.c). */
     rb_await **sleepers;
@@ -109,6 +111,7 @@ struct rb_task {
     unsigned char daemon;       /* the runtime's own task: relaybus.run() does not wait for it */
     unsigned char extra_yield;  /* yielded with a bare coroutine.yield: on m->yielded */
     unsigned char killed;       /* stopped for good past its time: never resumed again */
+    unsigned char inline_waits; /* waits answered at once since it last yielded (task.c) */
 };
 
 /* module.c */

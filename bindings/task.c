@@ -102,14 +102,34 @@ rb_await *rb_await_begin(lua_State *L)
     return w;
 }
 
+/* A wait that completed before it could yield (an SQLite store answers at once) lets the
+ * loop have its turn now and then all the same: a task calling the store in a loop would
+ * otherwise never give it back, and timers (sleeps, renewals, deadlines), I/O and the other
+ * tasks would wait for it. Every INLINE_MAX such answers in a row, the task yields with its
+ * results kept on its stack and goes on at the next loop iteration, as a bare
+ * coroutine.yield() does; keep_results hands them back then. */
+#define INLINE_MAX 64
+
+static int keep_results(lua_State *L, int status, lua_KContext nresults)
+{
+    (void)L; (void)status;
+    return (int)nresults;
+}
+
 int rb_await_finish(lua_State *L, rb_await *w)
 {
     if (w->done) {                  /* completed before we got here */
         int n = w->nres;
+        rb_task *t = w->task;
         free(w);
+        if (t && ++t->inline_waits >= INLINE_MAX) {
+            t->inline_waits = 0;
+            return lua_yieldk(L, 0, (lua_KContext)n, keep_results);
+        }
         return n;
     }
     if (w->task) {
+        w->task->inline_waits = 0;
         w->task->wait = w;
         w->yielded = 1;
         return lua_yield(L, 0);     /* the completion resumes us with the results */
@@ -187,13 +207,12 @@ void rb_task_abort(rb_task *t)
 /* The tasks that yielded before this iteration go on; one that yields again waits for the
  * next. A queued task is suspended with no wait of ours, so nothing else resumes or frees it
  * meanwhile (but the state's closing, which empties the queue). */
-static void on_yield_idle(struct ev_loop *loop, ev_idle *w, int revents)
+static void on_yielded_due(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)revents;
+    (void)loop; (void)revents;
     rb_module *m = w->data;
     rb_task *t;
     RB_FIFO_TAKE_ALL(&m->yielded, &t);
-    rb_idle_stop(loop, &m->yield_idle);
     while (t && !m->closing) {
         rb_task *next = t->queue_next;
         t->queue_next = NULL;
@@ -207,8 +226,8 @@ static void on_sleepers_due(struct ev_loop *loop, ev_timer *timer, int revents);
 
 void rb_task_init_module(rb_module *m)
 {
-    rb_idle_init(&m->yield_idle, on_yield_idle);
-    m->yield_idle.w.data = m;
+    rb_timer_init(&m->yield_timer, on_yielded_due, 0, 0);
+    m->yield_timer.w.data = m;
     rb_timer_init(&m->sleep_timer, on_sleepers_due, 0, 0);
     m->sleep_timer.w.data = m;
 }
@@ -324,7 +343,10 @@ static void task_resume_with(rb_task *t, int nargs, int truthful)
         lua_pop(t->co, nres);
         t->extra_yield = 1;
         RB_FIFO_PUSH_ON(&t->m->yielded, t, queue_next);
-        rb_idle_start(t->m->loop, &t->m->yield_idle);
+        if (!rb_timer_active(&t->m->yield_timer)) {
+            rb_timer_set(&t->m->yield_timer, 0, 0);
+            rb_timer_start(t->m->loop, &t->m->yield_timer);
+        }
         return;
     }
     if (st == LUA_OK) {
@@ -604,7 +626,7 @@ int rb_lua_spawn_daemon(lua_State *L) { return spawn(L, 1); }
  * waits belong to objects already collected. */
 void rb_task_close_live(rb_module *m)
 {
-    rb_idle_stop(m->loop, &m->yield_idle);
+    rb_timer_stop(m->loop, &m->yield_timer);
     m->yielded.head = m->yielded.tail = NULL;
     /* (only tasks sleep once the state closes: the main chunk is not waiting) */
     rb_timer_stop(m->loop, &m->sleep_timer);

@@ -67,6 +67,21 @@ describe("sleep", function()
     assert.is_true(spins > 1, "the sleep(0) loop ran " .. spins .. " times")
   end)
 
+  it("a bare coroutine.yield() goes round the loop beside a loop of sleep(0), and neither starves the other", function()
+    -- (the yielded tasks were resumed by an idle watcher, which libev runs only when nothing
+    -- else is pending: beside a loop of sleep(0) a yield never came back)
+    local yields, spins, t0 = 0, 0, relaybus.now()
+    relaybus.spawn(function()
+      while yields < 100 and relaybus.now() - t0 < 10 do coroutine.yield(); yields = yields + 1 end
+    end)
+    relaybus.spawn(function()
+      while yields < 100 and relaybus.now() - t0 < 10 do relaybus.sleep(0); spins = spins + 1 end
+    end)
+    relaybus.run()
+    assert.equal(100, yields)
+    assert.is_true(spins >= 99 and spins <= 101, "sleep(0) went round " .. spins .. " times for 100 yields")
+  end)
+
   it("a sleep from the main chunk blocks until its end, beside sleeping tasks", function()
     local woke
     relaybus.spawn(function()
@@ -142,6 +157,25 @@ for _, entry in ipairs(S.list()) do
       end)
       assert.is_true(H.run(d, 20))
       for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
+    end)
+
+    it("a task calling the store in a loop without sleeping lets the loop turn: a sleeper beside it wakes", function()
+      -- (a store that answers at once, SQLite, gave the loop no turn at all: the sleeper, the
+      -- timers of runs and every other task waited for ever)
+      local t0, woke, calls = relaybus.now(), nil, 0
+      relaybus.spawn(function()
+        while not woke and relaybus.now() - t0 < 10 do
+          assert(store:stats())
+          calls = calls + 1
+        end
+      end)
+      relaybus.spawn(function()
+        relaybus.sleep(0.1)
+        woke = relaybus.now() - t0
+      end)
+      relaybus.run()
+      assert.is_truthy(woke, "the sleeper never woke while the store was called in a loop (" .. calls .. " calls)")
+      assert.is_true(calls > 0)
     end)
 
     it("what the runtime holds does not grow with the deliveries it has run", function()
