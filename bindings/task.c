@@ -89,6 +89,12 @@ rb_await *rb_await_begin(lua_State *L)
         rb_misuse(L, "this call waits for I/O and cannot here: inside the event loop it must "
                      "run in a relaybus coroutine (a handler or a relaybus.spawn task), not in "
                      "a coroutine of your own or in a callback");
+    /* Inside a C function that cannot yield (a table.sort comparator, a string.gsub
+     * replacement) a wait could not yield back: refused before anything is asked. */
+    if (t && !lua_isyieldable(L))
+        rb_misuse(L, "this call waits for I/O and cannot here: inside a function that Lua "
+                     "calls from C without letting it yield (a table.sort comparator, a "
+                     "string.gsub replacement...)");
     if (t && rb_task_is_aborted(t)) {
         lua_pushnil(L);
         lua_pushliteral(L, "aborted");
@@ -110,10 +116,26 @@ rb_await *rb_await_begin(lua_State *L)
  * coroutine.yield() does; keep_results hands them back then. */
 #define INLINE_MAX 64
 
-static int keep_results(lua_State *L, int status, lua_KContext nresults)
+static int keep_results(lua_State *L, int status, lua_KContext at)
 {
-    (void)L; (void)status;
-    return (int)nresults;
+    (void)status;
+    lua_settop(L, (int)(at >> 8));  /* what a resume passed (anyone's but ours) goes */
+    return (int)(at & 0xff);
+}
+
+/* A coroutine goes on after its wait: rb_await_resolve and an abort take the wait off it
+ * first. Found still on, it was resumed by someone else (coroutine.resume in the handler's
+ * own code): what was passed is dropped and it waits on, so that resume does nothing (it
+ * returns true and no values) and the wait's own answer resumes it as ever. */
+static int after_wait(lua_State *L, int status, lua_KContext top)
+{
+    (void)status;
+    rb_task *t = rb_task_current(L);
+    if (t && t->wait) {
+        lua_settop(L, (int)top);
+        return lua_yieldk(L, 0, top, after_wait);
+    }
+    return lua_gettop(L) - (int)top;
 }
 
 int rb_await_finish(lua_State *L, rb_await *w)
@@ -122,9 +144,9 @@ int rb_await_finish(lua_State *L, rb_await *w)
         int n = w->nres;
         rb_task *t = w->task;
         free(w);
-        if (t && ++t->inline_waits >= INLINE_MAX) {
+        if (t && n < 256 && ++t->inline_waits >= INLINE_MAX) {
             t->inline_waits = 0;
-            return lua_yieldk(L, 0, (lua_KContext)n, keep_results);
+            return lua_yieldk(L, 0, ((lua_KContext)lua_gettop(L) << 8) | n, keep_results);
         }
         return n;
     }
@@ -132,7 +154,8 @@ int rb_await_finish(lua_State *L, rb_await *w)
         w->task->inline_waits = 0;
         w->task->wait = w;
         w->yielded = 1;
-        return lua_yield(L, 0);     /* the completion resumes us with the results */
+        /* the completion resumes us with the results */
+        return lua_yieldk(L, 0, (lua_KContext)lua_gettop(L), after_wait);
     }
     /* Main chunk: block by running the loop until this result arrives. */
     rb_module *m = rb_module_get(L);
@@ -185,11 +208,10 @@ void rb_await_resolve(rb_await *w, int nresults)
     if (!w->task) ev_break(rb_module_get(w->L)->loop, EVBREAK_ONE);
 }
 
-/* Ends the task's pending wait with nil, "aborted". */
-void rb_task_abort(rb_task *t)
+/* Takes the pending wait off t: cancelled, or left for its late completion to free. */
+static void drop_wait(rb_task *t)
 {
     rb_await *w = t->wait;
-    if (!w || !w->yielded || w->truthful) return;
     t->wait = NULL;
     if (w->cancel) {
         w->cancel(w->cancel_ud);
@@ -197,6 +219,14 @@ void rb_task_abort(rb_task *t)
     } else {
         w->abandoned = 1;           /* freed by the late rb_await_resolve */
     }
+}
+
+/* Ends the task's pending wait with nil, "aborted". */
+void rb_task_abort(rb_task *t)
+{
+    rb_await *w = t->wait;
+    if (!w || !w->yielded || w->truthful) return;
+    drop_wait(t);
     if (t->running) return;         /* cannot happen for a yielded wait; defensive */
     lua_pushnil(t->co);
     lua_pushliteral(t->co, "aborted");
@@ -239,13 +269,25 @@ static void task_end(rb_task *t, int ok, const char *err)
     if (t->on_end) t->on_end(t, ok, err);
 }
 
+static int tolstring(lua_State *L)
+{
+    luaL_tolstring(L, 1, NULL);
+    return 1;
+}
+
 /* The error value on top of L as text for a C string: any value (a table, nil) is described,
- * and a NUL inside, which would cut the text short, becomes U+FFFD. */
+ * under protection (a __tostring that raises is described too), and a NUL inside, which
+ * would cut the text short, becomes U+FFFD. L must be able to call (not a dead coroutine). */
 static const char *error_text(lua_State *L)
 {
     if (lua_isnil(L, -1)) return "error (nil)";
+    if (!lua_isstring(L, -1)) {
+        lua_pushcfunction(L, tolstring);
+        lua_pushvalue(L, -2);
+        if (lua_pcall(L, 1, 1, 0) != LUA_OK) return "error (a value whose __tostring raised)";
+    }
     size_t len;
-    const char *msg = lua_isstring(L, -1) ? lua_tolstring(L, -1, &len) : luaL_tolstring(L, -1, &len);
+    const char *msg = lua_tolstring(L, -1, &len);
     if (!memchr(msg, 0, len)) return msg;
     luaL_Buffer b;
     luaL_buffinit(L, &b);
@@ -353,7 +395,13 @@ static void task_resume_with(rb_task *t, int nargs, int truthful)
         task_end(t, 1, NULL);
         return;
     }
-    task_end(t, 0, error_text(t->co));
+    /* the error value is described on the main thread: the coroutine is dead, and a value's
+     * __tostring is a call */
+    lua_State *ML = t->m->L;
+    int top = lua_gettop(ML);
+    lua_xmove(t->co, ML, 1);
+    task_end(t, 0, error_text(ML));
+    lua_settop(ML, top);
 }
 
 /* Finished coroutines are kept for the next task: a run costs no new lua_State. */

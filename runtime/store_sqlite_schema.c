@@ -277,7 +277,14 @@ static int check_writable(sqlite3 *db, const char *path, char *err, size_t errle
 /* WAL lets several processes share the file (readers never wait for the writer). */
 static int use_wal(sqlite3 *db, const char *path, char *err, size_t errlen)
 {
-    int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) & 0xff;
+    /* Changing the journal mode takes the file's exclusive lock from under a shared one, and
+     * SQLite answers SQLITE_BUSY at once there instead of waiting (it would deadlock another
+     * connection doing the same): processes opening a new file together try again, within
+     * the open's time. */
+    int rc, waited = 0;
+    while ((rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL) & 0xff) ==
+               SQLITE_BUSY && waited < OPEN_TIMEOUT_MS)
+        waited += sqlite3_sleep(5);
     if (rc == SQLITE_READONLY || rc == SQLITE_CANTOPEN || rc == SQLITE_PERM)
         snprintf(err, errlen, "sqlite: cannot use '%s' in WAL mode (%s; the file and its "
                  "directory must be writable)", path, sqlite3_errmsg(db));

@@ -90,6 +90,50 @@ for _, entry in ipairs(S.list()) do
         assert.equal(id, own.id)
       end)
 
+      it("a store call inside a function Lua calls from C (a string.gsub replacement, a sort comparator) is refused before it writes", function()
+        -- (it once wrote, then failed to yield back: a kick that raised had kicked all the same)
+        local id = assert(store:enqueue("nw.c2", {}))
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        local gsub_ok, gsub_err, sort_ok, sort_err, after
+        d:handle("nw.c2", function(delivery, ctx)
+          gsub_ok, gsub_err = pcall(string.gsub, "x", "x", function() return tostring(store:enqueue("nw.c3", {})) end)
+          sort_ok, sort_err = pcall(table.sort, { 2, 1, 3 }, function(a, b) store:get(delivery.id) return a < b end)
+          after = store:get(delivery.id)    -- the handler's own calls still work
+          stop()
+        end)
+        assert.is_true(H.run(d, 10))
+        for _, e in ipairs { { gsub_ok, gsub_err }, { sort_ok, sort_err } } do
+          assert.is_false(e[1])
+          assert.truthy(tostring(e[2]):find("relaybus: this call waits for I/O and cannot here: inside a function that Lua calls from C", 1, true), tostring(e[2]))
+          H.one_line(tostring(e[2]))
+        end
+        assert.same({}, assert(store:list { topic = "nw.c3" }))
+        assert.equal(id, after.id)
+      end)
+
+      it("an error value whose __tostring raises fails the run like any error, and the runtime goes on", function()
+        -- (describing it once raised inside the loop: relaybus.run raised and the run hung)
+        local id = assert(store:enqueue("nw.tostr", {}, { max_attempts = 1 }))
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("nw.tostr", function()
+          stop()
+          error(setmetatable({}, { __tostring = function() error("boom") end }))
+        end)
+        local task_done
+        relaybus.spawn(function()
+          relaybus.spawn(function() error(setmetatable({}, { __tostring = function() error("boom") end })) end)
+          task_done = true
+        end)
+        assert.is_true(H.run(d, 10))
+        assert.is_true(task_done)
+        local r = assert(store:get(id))
+        assert.equal("buried", r.status)
+        assert.equal("error (a value whose __tostring raised)", r.last_error)
+        assert.equal(0, d:stats().active)
+      end)
+
       it("in the main chunk, outside the loop, a coroutine of one's own may still block", function()
         local id = assert(store:enqueue("nw.main", {}))
         local r = coroutine.wrap(function() return store:get(id) end)()

@@ -82,6 +82,47 @@ describe("sleep", function()
     assert.is_true(spins >= 99 and spins <= 101, "sleep(0) went round " .. spins .. " times for 100 yields")
   end)
 
+  it("a sleep inside a sort comparator is refused, and leaves nothing behind to wake a later sleep or a freed task", function()
+    -- (the refused wait once stayed in the heap: the next sleep of the task woke with its
+    -- time, and when the task had ended, its wake-up wrote into freed memory)
+    local errs, woke = {}, {}
+    for i = 1, 20 do
+      relaybus.spawn(function()
+        relaybus.sleep(0)
+        local ok, err = pcall(table.sort, { 2, 1 }, function(a, b) relaybus.sleep(0.05) return a < b end)
+        errs[i] = not ok and err
+        local t0 = relaybus.now()
+        relaybus.sleep(0.2)
+        woke[i] = relaybus.now() - t0
+        if i % 2 == 0 then error("ends with an error: the task is freed, not pooled") end
+      end)
+    end
+    relaybus.spawn(function() relaybus.sleep(0.5) end)
+    relaybus.run()
+    for i = 1, 20 do
+      assert.truthy(tostring(errs[i]):find("relaybus: this call waits for I/O and cannot here", 1, true), tostring(errs[i]))
+      assert.is_true(woke[i] >= 0.2 - 1e-3, string.format("task %d: sleep(0.2) woke after %.3f s", i, woke[i]))
+    end
+  end)
+
+  it("coroutine.resume of a task waiting in a sleep does nothing: the sleep ends at its time with its own answer", function()
+    local co, forged, got, slept
+    relaybus.spawn(function()
+      co = coroutine.running()
+      local t0 = relaybus.now()
+      got = { relaybus.sleep(0.2) }
+      slept = relaybus.now() - t0
+    end)
+    relaybus.spawn(function()
+      relaybus.sleep(0.05)
+      forged = { coroutine.resume(co, "forged", "values") }
+    end)
+    relaybus.run()
+    assert.same({ true }, forged)
+    assert.same({ true }, got)
+    assert.is_true(slept >= 0.2 - 1e-3, string.format("the sleep ended after %.3f s", slept))
+  end)
+
   it("a sleep from the main chunk blocks until its end, beside sleeping tasks", function()
     local woke
     relaybus.spawn(function()
