@@ -1,0 +1,159 @@
+-- pg_claim_slots_spec.lua -- the PostgreSQL claim's slots (docs/stores.md, "Claim slots"): at
+-- most relaybus.claim_slots claims run at once on a table, each holding a transaction-scoped
+-- advisory lock. Attacks: the slots held by another session (claims wait, nothing is lost or run
+-- twice when they end), dispatchers racing for one slot, and settings that are not a number of
+-- slots (claims go on). RELAYBUS_TEST_PG only: the slots are PostgreSQL's.
+local S = require "spec.support.stores"
+local H = require "spec.support.harness"
+local relaybus = S.relaybus()
+
+local entry
+for _, e in ipairs(S.list()) do if e.name == "postgresql" then entry = e end end
+
+-- The URL with relaybus.claim_slots set for its connections (libpq's `options`, which replaces
+-- relaybus's default `-c jit=off`, so it is kept).
+local function with_slots(url, value)
+  local opt = "-c jit=off -c relaybus.claim_slots=" .. value
+  opt = opt:gsub("[^%w._-]", function(c) return string.format("%%%02X", c:byte()) end)
+  return url .. (url:find("?", 1, true) and "&" or "?") .. "options=" .. opt
+end
+
+-- Runs one dispatcher per store (concurrency 4) until `want` deliveries have run, or `limit` s
+-- passed (then it stops them: ok is false). With `first`, they start only when first(go), run
+-- in a task, calls go(): a spec takes its locks there before any claim can be sent. Returns ok,
+-- the ids run in order, and the times they started.
+local function drain(stores, want, limit, first)
+  local ran, starts, ds = {}, {}, {}
+  local stopping, timed_out = false, false
+  local function stop_all()
+    stopping = true
+    relaybus.spawn(function() for _, d in ipairs(ds) do d:stop { timeout = 2 } end end)
+  end
+  for i, s in ipairs(stores) do
+    ds[i] = H.dispatcher(s, { concurrency = 4 })
+    ds[i]:handle("t", function(delivery)
+      ran[#ran + 1] = delivery.id
+      starts[#starts + 1] = relaybus.now()
+      if #ran >= want and not stopping then stop_all() end
+    end)
+  end
+  local function go() for _, d in ipairs(ds) do d:start() end end
+  local t0 = relaybus.now()
+  relaybus.spawn(function()
+    while not stopping and relaybus.now() - t0 < limit do relaybus.sleep(0.05) end
+    if not stopping then timed_out = true; stop_all() end
+  end)
+  if first then relaybus.spawn(first, go) else go() end
+  relaybus.run()
+  return not timed_out, ran, starts
+end
+
+local function each_once(ids, ran)
+  local seen = {}
+  for _, id in ipairs(ran) do
+    assert.is_nil(seen[id], "delivery " .. tostring(id) .. " ran twice")
+    seen[id] = true
+  end
+  for _, id in ipairs(ids) do assert.is_true(seen[id], "delivery " .. tostring(id) .. " never ran") end
+end
+
+if entry then
+  describe("postgresql claim slots:", function()
+    after_each(S.reset)
+    teardown(function() S.cleanup() end)
+
+    it("while another session holds the only slot nothing is claimed; when it ends, each delivery runs once", function()
+      local store, url, opts, t = S.open(entry)
+      local slotted = assert(relaybus.open(with_slots(url, "1"), opts))
+      local holder = assert(relaybus.open(url, opts))
+      local ids = H.fill(store, "t", 40)
+      local released
+      local ok, ran, starts = drain({ slotted }, 40, 15, function(go)
+        assert(holder:transaction(function(tx)
+          assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0)", t))
+          go()
+          relaybus.sleep(1.0)
+          released = relaybus.now()
+        end))
+      end)
+      assert.is_true(ok, "the drain did not end")
+      assert.is_number(released, "the claims ended before the slot was released")
+      each_once(ids, ran)
+      -- the first start came after the holder's commit (a claim that waited for the slot)
+      assert.is_true(starts[1] >= released - 0.005,
+        string.format("a delivery started %.3f s before the slot was released", released - starts[1]))
+      slotted:close()
+      holder:close()
+    end)
+
+    it("a setting of 0 or less is no limit: a held slot does not stop claims", function()
+      local store, url, opts, t = S.open(entry)
+      for _, value in ipairs { "0", "-3" } do
+        local unlimited = assert(relaybus.open(with_slots(url, value), opts))
+        local holder = assert(relaybus.open(url, opts))
+        local ids = H.fill(store, "t", 10)
+        local released
+        local ok, ran, starts = drain({ unlimited }, 10, 10, function(go)
+          assert(holder:transaction(function(tx)
+            assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0)", t))
+            go()
+            relaybus.sleep(3)
+            released = relaybus.now()
+          end))
+        end)
+        assert.is_true(ok)
+        assert.is_nil(released, value .. ": the claims waited for the held slot")
+        assert.is_true(#starts == 10)
+        each_once(ids, ran)
+        relaybus.run()      -- runs out the holder's transaction before the next value
+        assert.is_number(released)
+        unlimited:close()
+        holder:close()
+      end
+    end)
+
+    it("settings that are not a number of slots count as the default: claims go on, and two slots held stop them", function()
+      local store, url, opts, t = S.open(entry)
+      for _, value in ipairs { "abc", "", "1e3", "0x10", "99999999999", "2;DROP", "--1" } do
+        local s = assert(relaybus.open(with_slots(url, value), opts))
+        local ids = H.fill(store, "t", 5)
+        local ok, ran = drain({ s }, 5, 10)
+        assert.is_true(ok, value .. ": the drain did not end")
+        each_once(ids, ran)
+        s:close()
+      end
+      -- the default is 2: both held keep a claim of the garbage setting waiting
+      local s = assert(relaybus.open(with_slots(url, "abc"), opts))
+      local holder = assert(relaybus.open(url, opts))
+      local ids = H.fill(store, "t", 5)
+      local released
+      local ok, ran, starts = drain({ s }, 5, 15, function(go)
+        assert(holder:transaction(function(tx)
+          assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0), pg_advisory_xact_lock(hashtext($1), 1)", t))
+          go()
+          relaybus.sleep(1.0)
+          released = relaybus.now()
+        end))
+      end)
+      assert.is_true(ok)
+      assert.is_number(released, "the claims ended before both default slots were released")
+      each_once(ids, ran)
+      assert.is_true(starts[1] >= released - 0.005, "a claim ran while both default slots were held")
+      s:close()
+      holder:close()
+    end)
+
+    it("three dispatchers on their own connections racing for one slot run 600 deliveries each once", function()
+      local store, url, opts = S.open(entry)
+      local ids = H.fill(store, "t", 600)
+      local stores = {}
+      for i = 1, 3 do stores[i] = assert(relaybus.open(with_slots(url, "1"), opts)) end
+      local ok, ran = drain(stores, 600, 30)
+      assert.is_true(ok, "the drain did not end")
+      assert.equal(600, #ran)
+      each_once(ids, ran)
+      assert.equal(600, assert(store:stats()).completed)
+      for _, s in ipairs(stores) do s:close() end
+    end)
+  end)
+end
