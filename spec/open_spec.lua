@@ -345,7 +345,7 @@ print("RAN " .. table.concat(ran, ","))
           end)
           assert.is_true(ok, rows)
           local def = rows[1].def
-          local from = assert(def:find("  IF slots > 0 THEN\n", 1, true), def)
+          local from = assert(def:find("  slots_text := ", 1, true), def)
           local _, to = assert(def:find("    END IF;\n  END IF;\n", from, true))
           def = def:sub(1, from - 1) .. def:sub(to + 1)
           assert(store:transaction(function(tx)
