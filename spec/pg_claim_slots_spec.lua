@@ -1,8 +1,9 @@
 -- pg_claim_slots_spec.lua -- the PostgreSQL claim's slots (docs/stores.md, "Claim slots"): at
 -- most relaybus.claim_slots claims run at once on a table, each holding a transaction-scoped
 -- advisory lock. Attacks: the slots held by another session (claims wait, nothing is lost or run
--- twice when they end), dispatchers racing for one slot, and settings that are not a number of
--- slots (claims go on). RELAYBUS_TEST_PG only: the slots are PostgreSQL's.
+-- twice when they end; with a short lock_timeout claims fail meanwhile and the settles they
+-- carried are still written), dispatchers racing for one slot, and settings that are not a
+-- number of slots (claims go on). RELAYBUS_TEST_PG only: the slots are PostgreSQL's.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local relaybus = S.relaybus()
@@ -12,8 +13,8 @@ for _, e in ipairs(S.list()) do if e.name == "postgresql" then entry = e end end
 
 -- The URL with relaybus.claim_slots set for its connections (libpq's `options`, which replaces
 -- relaybus's default `-c jit=off`, so it is kept).
-local function with_slots(url, value)
-  local opt = "-c jit=off -c relaybus.claim_slots=" .. value
+local function with_slots(url, value, more)
+  local opt = "-c jit=off -c relaybus.claim_slots=" .. value .. (more or "")
   opt = opt:gsub("[^%w._-]", function(c) return string.format("%%%02X", c:byte()) end)
   return url .. (url:find("?", 1, true) and "&" or "?") .. "options=" .. opt
 end
@@ -139,6 +140,40 @@ if entry then
       assert.is_number(released, "the claims ended before both default slots were released")
       each_once(ids, ran)
       assert.is_true(starts[1] >= released - 0.005, "a claim ran while both default slots were held")
+      s:close()
+      holder:close()
+    end)
+
+    it("a lock_timeout shorter than the wait for a slot fails claims, not writes: the settles they carried are written alone and every delivery completes once, on its first attempt", function()
+      local store, url, opts, t = S.open(entry)
+      local s = assert(relaybus.open(with_slots(url, "1", " -c lock_timeout=100"), opts))
+      local holder = assert(relaybus.open(url, opts))
+      local ids = H.fill(store, "t", 60)
+      local held_from, released
+      local ran = {}
+      local d = H.dispatcher(s, { concurrency = 4 })
+      local stop = H.stopper(d)
+      d:handle("t", function(delivery)
+        ran[#ran + 1] = delivery.id
+        relaybus.sleep(0.05)
+        if #ran == 60 then stop() end
+      end)
+      relaybus.spawn(function()
+        relaybus.sleep(0.3)     -- the first claims are in, handlers run and settle
+        assert(holder:transaction(function(tx)
+          assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0)", t))
+          held_from = relaybus.now()
+          relaybus.sleep(1.5)
+          released = relaybus.now()
+        end))
+      end)
+      assert.is_true((H.run(d, 30)), "the drain did not end")
+      assert.is_number(held_from)
+      assert.is_number(released)
+      each_once(ids, ran)
+      local done = assert(store:list { status = "completed", limit = 100 })
+      assert.equal(60, #done)
+      for _, r in ipairs(done) do assert.equal(1, r.attempts, "delivery " .. r.id .. " ran again") end
       s:close()
       holder:close()
     end)
