@@ -43,6 +43,15 @@ local function runs_both(store, ids)
   for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
 end
 
+-- A column of the claim function of PostgreSQL table t, from pg_proc ("" when it has none).
+local function claim_function(store, t, column)
+  local ok, rows = store:transaction(function(tx)
+    return tx:query("SELECT " .. column .. " AS v FROM pg_proc WHERE proname = $1", t .. "_claim")
+  end)
+  assert.is_true(ok, rows)
+  return rows[1] and rows[1].v or ""
+end
+
 describe("opening a store", function()
   teardown(function() S.cleanup() end)
 
@@ -288,13 +297,7 @@ print("RAN " .. table.concat(ran, ","))
           local url = entry.url()
           local t = S.unique("v3")
           local store = assert(relaybus.open(url, { table = t }))
-          local function settings()
-            local ok, rows = store:transaction(function(tx)
-              return tx:query("SELECT array_to_string(proconfig, ',') AS c FROM pg_proc WHERE proname = $1", t .. "_claim")
-            end)
-            assert.is_true(ok, rows)
-            return rows[1] and rows[1].c or ""
-          end
+          local function settings() return claim_function(store, t, "array_to_string(proconfig, ',')") end
           assert.truthy(settings():find("enable_seqscan=off", 1, true), settings())
           -- what version 3 left: the function with only its sort, bitmap scan and JIT settings
           assert(store:transaction(function(tx)
@@ -320,25 +323,14 @@ print("RAN " .. table.concat(ran, ","))
           assert.is_true(ok, rows)
           assert.equal(1, tonumber(rows[1].n))
           -- its deliveries run and complete under the new function
-          local id = assert(store:enqueue("t", { n = 1 }))
-          local d = H.dispatcher(store)
-          local stop = H.stopper(d)
-          d:handle("t", function() stop() end)
-          assert.is_true((H.run(d, 10)))
-          assert.equal("completed", assert(store:get(id)).status)
+          runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)
         it("postgresql: a table of schema version 4 is refused without migrate and gets the claim with slots by open; its deliveries run before and after", function()
           local url = entry.url()
           local t = S.unique("v4")
           local store = assert(relaybus.open(url, { table = t }))
-          local function claim_source()
-            local ok, rows = store:transaction(function(tx)
-              return tx:query("SELECT prosrc FROM pg_proc WHERE proname = $1", t .. "_claim")
-            end)
-            assert.is_true(ok, rows)
-            return rows[1].prosrc
-          end
+          local function claim_source() return claim_function(store, t, "prosrc") end
           -- what version 4 left: the same function without the slots
           local ok, rows = store:transaction(function(tx)
             return tx:query("SELECT pg_get_functiondef(oid) AS def FROM pg_proc WHERE proname = $1", t .. "_claim")
@@ -354,12 +346,7 @@ print("RAN " .. table.concat(ran, ","))
           end))
           assert.is_nil(claim_source():find("pg_advisory_xact_lock", 1, true))
           -- the claim of version 4 runs deliveries (what an older relaybus does on its table)
-          local id1 = assert(store:enqueue("t", { n = 1 }))
-          local d = H.dispatcher(store)
-          local stop = H.stopper(d)
-          d:handle("t", function() stop() end)
-          assert.is_true((H.run(d, 10)))
-          assert.equal("completed", assert(store:get(id1)).status)
+          runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
@@ -368,12 +355,7 @@ print("RAN " .. table.concat(ran, ","))
           local src = claim_source()
           assert.truthy(src:find("relaybus.claim_slots", 1, true), src)
           assert.truthy(src:find("pg_advisory_xact_lock", 1, true), src)
-          local id2 = assert(store:enqueue("t", { n = 2 }))
-          d = H.dispatcher(store)
-          stop = H.stopper(d)
-          d:handle("t", function() stop() end)
-          assert.is_true((H.run(d, 10)))
-          assert.equal("completed", assert(store:get(id2)).status)
+          runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)
       end

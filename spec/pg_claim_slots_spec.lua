@@ -58,6 +58,25 @@ local function each_once(ids, ran)
   for _, id in ipairs(ids) do assert.is_true(seen[id], "delivery " .. tostring(id) .. " never ran") end
 end
 
+-- Drains `want` deliveries with `store` while another session (`holder`, on the same table `t`)
+-- holds the slots numbered in `slots` for `seconds`; the dispatcher starts once they are held.
+-- Returns ok, the ids run, their start times, and when the holder let go (nil if it had not
+-- yet when the drain ended; the next relaybus.run() runs its transaction out).
+local function drain_while_held(store, holder, t, slots, seconds, want, limit)
+  local locks = {}
+  for i, slot in ipairs(slots) do locks[i] = "pg_advisory_xact_lock(hashtext($1), " .. slot .. ")" end
+  local held = { released = nil }
+  local ok, ran, starts = drain({ store }, want, limit, function(go)
+    assert(holder:transaction(function(tx)
+      assert(tx:query("SELECT " .. table.concat(locks, ", "), t))
+      go()
+      relaybus.sleep(seconds)
+      held.released = relaybus.now()
+    end))
+  end)
+  return ok, ran, starts, held
+end
+
 if entry then
   describe("postgresql claim slots:", function()
     after_each(S.reset)
@@ -68,15 +87,8 @@ if entry then
       local slotted = assert(relaybus.open(with_slots(url, "1"), opts))
       local holder = assert(relaybus.open(url, opts))
       local ids = H.fill(store, "t", 40)
-      local released
-      local ok, ran, starts = drain({ slotted }, 40, 15, function(go)
-        assert(holder:transaction(function(tx)
-          assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0)", t))
-          go()
-          relaybus.sleep(1.0)
-          released = relaybus.now()
-        end))
-      end)
+      local ok, ran, starts, held = drain_while_held(slotted, holder, t, { 0 }, 1.0, 40, 15)
+      local released = held.released
       assert.is_true(ok, "the drain did not end")
       assert.is_number(released, "the claims ended before the slot was released")
       each_once(ids, ran)
@@ -93,21 +105,13 @@ if entry then
         local unlimited = assert(relaybus.open(with_slots(url, value), opts))
         local holder = assert(relaybus.open(url, opts))
         local ids = H.fill(store, "t", 10)
-        local released
-        local ok, ran, starts = drain({ unlimited }, 10, 10, function(go)
-          assert(holder:transaction(function(tx)
-            assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0)", t))
-            go()
-            relaybus.sleep(3)
-            released = relaybus.now()
-          end))
-        end)
+        local ok, ran, starts, held = drain_while_held(unlimited, holder, t, { 0 }, 3, 10, 10)
         assert.is_true(ok)
-        assert.is_nil(released, value .. ": the claims waited for the held slot")
+        assert.is_nil(held.released, value .. ": the claims waited for the held slot")
         assert.is_true(#starts == 10)
         each_once(ids, ran)
         relaybus.run()      -- runs out the holder's transaction before the next value
-        assert.is_number(released)
+        assert.is_number(held.released)
         unlimited:close()
         holder:close()
       end
@@ -127,15 +131,8 @@ if entry then
       local s = assert(relaybus.open(with_slots(url, "abc"), opts))
       local holder = assert(relaybus.open(url, opts))
       local ids = H.fill(store, "t", 5)
-      local released
-      local ok, ran, starts = drain({ s }, 5, 15, function(go)
-        assert(holder:transaction(function(tx)
-          assert(tx:query("SELECT pg_advisory_xact_lock(hashtext($1), 0), pg_advisory_xact_lock(hashtext($1), 1)", t))
-          go()
-          relaybus.sleep(1.0)
-          released = relaybus.now()
-        end))
-      end)
+      local ok, ran, starts, held = drain_while_held(s, holder, t, { 0, 1 }, 1.0, 5, 15)
+      local released = held.released
       assert.is_true(ok)
       assert.is_number(released, "the claims ended before both default slots were released")
       each_once(ids, ran)
