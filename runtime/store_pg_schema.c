@@ -154,12 +154,16 @@ static const char *const migrations[] = {
      * JIT compilation (200 ms), hence jit off.
      * Claim slots: at most relaybus.claim_slots claims (default 2; 0 or less: no limit) run at
      * once on the table, from all processes: each holds one of that many transaction-scoped
-     * advisory locks (key hashtext of the table name, slot number), taken after its settles.
-     * Every claim walks the head of "@T_due" and steps over the rows the claims beside it have
-     * locked and not committed yet: with 8 processes of 2 claims each, 16 claims at once read
-     * 42 index entries per row they claimed, against 3.3 for one process, and the server's CPU
-     * per delivery grew by half (bench/processes.lua). A claim waiting for a slot holds no
-     * rows a claim reads, and its settles hold only rows outside the due part of the walk. */
+     * advisory locks (keys: the table's oid, the slot number). Every claim walks the head of
+     * "@T_due" and steps over the rows the claims beside it have locked and not committed yet:
+     * with 8 processes of 2 claims each, 16 claims at once read 45 index entries per row they
+     * claimed, against 3.7 for one process, and the server's CPU per delivery grew by half
+     * (bench/processes.lua). The slot comes first, before the settles, so a claim waiting for
+     * one holds no row (a keyed enqueue or a bury of a delivery it settles would wait behind
+     * it). With every slot taken it waits on one, at most a second (or the session's own
+     * lock_timeout), then claims without one: a slot held by a stuck or foreign session slows
+     * claims, never stops them. The setting is parsed strictly (ASCII digits, spaces around):
+     * anything else counts as the default, so no value can make the cast fail every claim. */
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
     " s_error text[]) RETURNS TABLE (c_id text, c_topic text, c_payload text, c_key text,"
@@ -170,8 +174,29 @@ static const char *const migrations[] = {
     " SET enable_nestloop = off SET enable_sort = off SET enable_bitmapscan = off SET jit = off"
     " AS $f$\n"
     "DECLARE processing constant text := 'processing';\n"
-    " slots_text text; slots integer; slot integer;\n"
+    " slots_text text; slots integer; slot integer; tkey integer; user_timeout text;\n"
     "BEGIN\n"
+    "  IF p_limit > 0 THEN\n"
+    "    slots_text := btrim(coalesce(current_setting('relaybus.claim_slots', true), ''));\n"
+    "    slots := CASE WHEN slots_text ~ '^[+-]?[0-9]{1,9}$' THEN slots_text::integer ELSE 2 END;\n"
+    "    IF slots > 0 THEN\n"
+    "      tkey := ('\"@T\"'::regclass::oid::bigint - 2147483648)::integer;\n"
+    "      slot := 0;\n"
+    "      WHILE slot < slots AND NOT pg_try_advisory_xact_lock(tkey, slot) LOOP\n"
+    "        slot := slot + 1;\n"
+    "      END LOOP;\n"
+    "      IF slot = slots THEN\n"
+    "        user_timeout := current_setting('lock_timeout');\n"
+    "        IF user_timeout = '0' THEN PERFORM set_config('lock_timeout', '1s', true); END IF;\n"
+    "        BEGIN\n"
+    "          PERFORM pg_advisory_xact_lock(tkey, floor(random() * slots)::integer);\n"
+    "        EXCEPTION WHEN lock_not_available THEN\n"
+    "          NULL;\n"
+    "        END;\n"
+    "        PERFORM set_config('lock_timeout', user_timeout, true);\n"
+    "      END IF;\n"
+    "    END IF;\n"
+    "  END IF;\n"
     "  IF coalesce(array_length(s_id, 1), 0) > 0 THEN\n"
     "    RETURN QUERY WITH w AS (" SETTLE
     "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)"
@@ -180,17 +205,6 @@ static const char *const migrations[] = {
     "     w.expires, w.ord::integer FROM w;\n"
     "  END IF;\n"
     "  IF p_limit > 0 THEN\n"
-    "  slots_text := current_setting('relaybus.claim_slots', true);\n"
-    "  slots := CASE WHEN slots_text ~ '^\\s*-?[0-9]{1,6}\\s*$' THEN slots_text::integer ELSE 2 END;\n"
-    "  IF slots > 0 THEN\n"
-    "    slot := 0;\n"
-    "    WHILE slot < slots AND NOT pg_try_advisory_xact_lock(hashtext('@T'), slot) LOOP\n"
-    "      slot := slot + 1;\n"
-    "    END LOOP;\n"
-    "    IF slot = slots THEN\n"
-    "      PERFORM pg_advisory_xact_lock(hashtext('@T'), floor(random() * slots)::integer);\n"
-    "    END IF;\n"
-    "  END IF;\n"
     "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\""
     "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)"
     "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED),"
