@@ -88,7 +88,8 @@ end
 function M.drop_pg_table(store, T)
   return store:transaction(function(tx)
     tx:exec('DROP TABLE IF EXISTS "' .. T .. '", "' .. T .. '_leases"')
-    tx:exec('DROP FUNCTION IF EXISTS "' .. T .. '_enq", "' .. T .. '_notify"')
+    tx:exec('DROP FUNCTION IF EXISTS "' .. T .. '_enq", "' .. T .. '_notify", "' .. T .. '_claim", "'
+      .. T .. '_pending_topics"')
     tx:exec("DELETE FROM relaybus_schema WHERE table_name = $1", T)
   end)
 end

@@ -258,6 +258,13 @@ else
     # 50 idle workers (LISTEN, no polling beyond poll_interval): what they cost the server, from
     # the CPU ticks of the throwaway cluster's processes over 10 s.
     if ! skipped idle && [ -n "$PG_DIR" ]; then
+        # Autovacuum still at work on the tables above would count as the idle workers' cost
+        # (it read 24% of a core once): wait for it, a minute at most.
+        for _ in $(seq 60); do
+            AV=$(psql -X -At "$PG_URL" -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'" 2>/dev/null)
+            [ "${AV:-0}" = 0 ] && break
+            sleep 1
+        done
         PGD=$( [ -f "$PG_DIR/datadir" ] && cat "$PG_DIR/datadir" || echo "$PG_DIR/data")
         PM=$(head -n 1 "$PGD/postmaster.pid" 2>/dev/null)
         server_ticks() {   # utime + stime of the postmaster and its children, in ticks
