@@ -276,6 +276,7 @@ static int l_ctx_sleep(lua_State *L)
         lua_pushliteral(L, "aborted");
         return 2;
     }
+    lua_remove(L, 1);       /* the seconds become relaybus.sleep's first argument */
     return rb_lua_sleep(L);
 }
 

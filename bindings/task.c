@@ -623,7 +623,12 @@ static void cancel_sleep(void *ud)
 
 int rb_lua_sleep(lua_State *L)
 {
-    double secs = luaL_checknumber(L, lua_gettop(L) >= 2 && lua_isuserdata(L, 1) ? 2 : 1);
+    /* checked here, not by luaL_checknumber: its message names the function '?' when it is
+     * called through pcall or a local */
+    if (!lua_isnumber(L, 1))
+        return rb_misuse(L, "sleep: seconds must be a number up to 100 years (got %s)",
+                         luaL_typename(L, 1));
+    double secs = lua_tonumber(L, 1);
     if (isnan(secs) || secs > RB_MAX_SECONDS)
         return rb_misuse(L, "sleep: seconds must be a number up to 100 years");
     if (secs < 0) secs = 0;

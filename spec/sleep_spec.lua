@@ -10,6 +10,32 @@ local relaybus = S.relaybus()
 local TOL = 0.3    -- scheduling slack on a loaded machine
 
 describe("sleep", function()
+  it("a sleep given no number is misuse that names sleep, however it is called (through pcall, a local, or ctx)", function()
+    local sleep = relaybus.sleep
+    for _, args in ipairs { { "x" }, {}, { {} }, { true } } do
+      local err = H.raises_relaybus(sleep, table.unpack(args))
+      assert.truthy(err:find("relaybus: sleep: seconds must be a number", 1, true), err)
+      assert.is_nil(err:find("'?'", 1, true), err)
+    end
+    -- numeric strings are numbers, as elsewhere in Lua; a negative sleep is 0
+    assert.is_true(sleep("0.001"))
+    assert.is_true(sleep(-1))
+    local store = S.open(S.list()[1])
+    assert(store:enqueue("t", {}))
+    local d = H.dispatcher(store)
+    local stop = H.stopper(d)
+    local errs = {}
+    d:handle("t", function(_, ctx)
+      errs[1] = select(2, pcall(ctx.sleep, ctx, "x"))
+      errs[2] = select(2, pcall(ctx.sleep, ctx))
+      stop()
+    end)
+    assert.is_true((H.run(d, 10)))
+    assert.truthy(errs[1]:find("relaybus: sleep: seconds must be a number up to 100 years (got string)", 1, true), errs[1])
+    assert.truthy(errs[2]:find("relaybus: sleep: seconds must be a number up to 100 years (got no value)", 1, true), errs[2])
+    S.reset()
+  end)
+
   it("1,000 sleepers of random lengths, begun in random order, each wake once, never early, in order of their ends", function()
     math.randomseed(7)
     local n, woke, order = 1000, {}, {}
