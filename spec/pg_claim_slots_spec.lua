@@ -260,40 +260,44 @@ if entry then
       admin:close()
     end)
 
-    it("a lock_timeout shorter than the wait for a slot ends the wait, not the claim: every delivery completes once, on its first attempt", function()
-      local store, url, opts, t = S.open(entry)
-      local s = assert(relaybus.open(with_slots(url, "1", " -c lock_timeout=100"), opts))
-      local holder = assert(relaybus.open(url, opts))
-      local ids = H.fill(store, "t", 60)
-      local held_from, released
-      local ran = {}
-      local d = H.dispatcher(s, { concurrency = 4 })
-      local stop = H.stopper(d)
-      d:handle("t", function(delivery)
-        ran[#ran + 1] = delivery.id
-        relaybus.sleep(0.05)
-        if #ran == 60 then stop() end
+    -- lock_timeout ends the wait (the claim goes on without a slot); statement_timeout ends
+    -- the claim (it fails, and the completions it carried are written alone)
+    for _, timeout in ipairs { "lock_timeout=100", "statement_timeout=300" } do
+      it("a " .. timeout .. " shorter than the wait for a slot loses nothing: every delivery completes once, on its first attempt", function()
+        local store, url, opts, t = S.open(entry)
+        local s = assert(relaybus.open(with_slots(url, "1", " -c " .. timeout), opts))
+        local holder = assert(relaybus.open(url, opts))
+        local ids = H.fill(store, "t", 60)
+        local held_from, released
+        local ran = {}
+        local d = H.dispatcher(s, { concurrency = 4 })
+        local stop = H.stopper(d)
+        d:handle("t", function(delivery)
+          ran[#ran + 1] = delivery.id
+          relaybus.sleep(0.05)
+          if #ran == 60 then stop() end
+        end)
+        relaybus.spawn(function()
+          relaybus.sleep(0.3)     -- the first claims are in, handlers run and settle
+          assert(holder:transaction(function(tx)
+            assert(tx:query(slot_locks_sql { 0 }, t))
+            held_from = relaybus.now()
+            relaybus.sleep(1.5)
+            released = relaybus.now()
+          end))
+        end)
+        assert.is_true((H.run(d, 30)), "the drain did not end")
+        assert.is_number(held_from)
+        each_once(ids, ran)
+        local done = assert(store:list { status = "completed", limit = 100 })
+        assert.equal(60, #done)
+        for _, r in ipairs(done) do assert.equal(1, r.attempts, "delivery " .. r.id .. " ran again") end
+        relaybus.run()
+        assert.is_number(released)
+        s:close()
+        holder:close()
       end)
-      relaybus.spawn(function()
-        relaybus.sleep(0.3)     -- the first claims are in, handlers run and settle
-        assert(holder:transaction(function(tx)
-          assert(tx:query(slot_locks_sql { 0 }, t))
-          held_from = relaybus.now()
-          relaybus.sleep(1.5)
-          released = relaybus.now()
-        end))
-      end)
-      assert.is_true((H.run(d, 30)), "the drain did not end")
-      assert.is_number(held_from)
-      each_once(ids, ran)
-      local done = assert(store:list { status = "completed", limit = 100 })
-      assert.equal(60, #done)
-      for _, r in ipairs(done) do assert.equal(1, r.attempts, "delivery " .. r.id .. " ran again") end
-      relaybus.run()
-      assert.is_number(released)
-      s:close()
-      holder:close()
-    end)
+    end
 
     it("three dispatchers on their own connections racing for one slot run 600 deliveries each once", function()
       local store, url, opts = S.open(entry)
