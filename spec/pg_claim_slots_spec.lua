@@ -152,7 +152,8 @@ if entry then
       local store, url, opts, t = S.open(entry)
       -- (a no-break space and an em space: a pattern's \s matches them in some locales, and the
       -- integer cast does not take them)
-      for _, value in ipairs { "abc", "", "1e3", "0x10", "99999999999", "2;DROP", "--1", "2\u{A0}", "2\u{2003}" } do
+      for _, value in ipairs { "abc", "", "1e3", "0x10", "99999999999", "2;DROP", "--1", "2\u{A0}", "2\u{2003}",
+                              "\xFF", "2\xC3\x28" } do      -- (and bytes that are not UTF-8)
         local s = assert(relaybus.open(with_slots(url, value), opts))
         local ids = H.fill(store, "t", 5)
         local ok, ran = drain({ s }, 5, 10)
