@@ -263,7 +263,7 @@ if entry then
 
     -- lock_timeout ends the wait (the claim goes on without a slot); statement_timeout ends
     -- the claim (it fails, and the completions it carried are written alone)
-    for _, timeout in ipairs { "lock_timeout=100", "statement_timeout=300" } do
+    for _, timeout in ipairs { "lock_timeout=100", "statement_timeout=500" } do
       it("a " .. timeout .. " shorter than the wait for a slot loses nothing: every delivery completes once, on its first attempt", function()
         local store, url, opts, t = S.open(entry)
         local s = assert(relaybus.open(with_slots(url, "1", " -c " .. timeout), opts))
