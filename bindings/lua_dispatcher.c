@@ -533,7 +533,7 @@ static void on_quiet(rb_dispatcher *d, void *ud)
 
 static const char *const dispatcher_opts[] = {
     "lease_duration", "shutdown_timeout", "concurrency", "poll_interval", "backoff",
-    "retention", "claim_ahead", NULL};
+    "retention", "claim_ahead", "listen_poll_interval", NULL};
 
 int rb_lua_dispatcher_new(lua_State *L)
 {
@@ -545,6 +545,7 @@ int rb_lua_dispatcher_new(lua_State *L)
     o.lease_duration = rb_opt_number(L, 2, "lease_duration", o.lease_duration);
     o.shutdown_timeout = rb_opt_number(L, 2, "shutdown_timeout", o.shutdown_timeout);
     o.poll_interval = rb_opt_number(L, 2, "poll_interval", o.poll_interval);
+    o.listen_poll_interval = rb_opt_number(L, 2, "listen_poll_interval", o.listen_poll_interval);
     double conc = rb_opt_number(L, 2, "concurrency", o.concurrency);
     if (!(conc >= 1) || conc != floor(conc) || conc > RB_MAX_CONCURRENCY)
         rb_misuse(L, "dispatcher: concurrency must be an integer from 1 to 1000000");

@@ -75,6 +75,7 @@ void rb_dispatcher_options_init(rb_dispatcher_options *o)
     o->poll_interval = 1;
     o->concurrency = 64;
     o->claim_ahead = 4;
+    o->listen_poll_interval = 10;
 }
 
 /* ---- local wake-ups: every dispatcher on a store hears this process's enqueues ---------- */
@@ -185,6 +186,8 @@ int rb_dispatcher_options_check(const rb_dispatcher_options *o, char *err, size_
         why = "shutdown_timeout must be a number of seconds from 0 to 100 years";
     else if (!(o->poll_interval > 0 && o->poll_interval <= RB_MAX_SECONDS))
         why = "poll_interval must be a number of seconds above 0, at most 100 years";
+    else if (!(o->listen_poll_interval > 0 && o->listen_poll_interval <= RB_MAX_SECONDS))
+        why = "listen_poll_interval must be a number of seconds above 0, at most 100 years";
     else if (o->concurrency < 1 || o->concurrency > RB_MAX_CONCURRENCY)
         why = "concurrency must be an integer from 1 to 1000000";
     else if (o->claim_ahead < 0 || o->claim_ahead > RB_MAX_CLAIM_AHEAD)

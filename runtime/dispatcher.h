@@ -74,7 +74,7 @@ typedef struct rb_handler_def {
 typedef struct rb_dispatcher_options {
     double lease_duration;           /* s, default 30 */
     double shutdown_timeout;         /* s, default 30 */
-    double poll_interval;            /* s, default 1 */
+    double poll_interval;            /* s, default 1: see listen_poll_interval */
     int concurrency;                 /* default 64 */
     /* s until the retry after `attempts` failed attempts; NULL = min(2^attempts, 3600) */
     double (*backoff)(int attempts, void *ud);
@@ -92,6 +92,11 @@ typedef struct rb_dispatcher_options {
     /* Claiming ahead (docs/lua.md "Claiming ahead"): at most this many times the slots are
      * claimed beyond them for handlers faster than a claim's round trip; 0 never. Default 4. */
     int claim_ahead;
+    /* s, default 10. While the store wakes the dispatcher for every delivery that becomes due
+     * sooner (PostgreSQL with its LISTEN in force), an idle dispatcher claims when the next
+     * delivery falls due (each claim reads when), or after this long at most (or after
+     * poll_interval, if that is longer). Otherwise it claims every poll_interval. */
+    double listen_poll_interval;
 } rb_dispatcher_options;
 
 void rb_dispatcher_options_init(rb_dispatcher_options *o);

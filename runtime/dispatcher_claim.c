@@ -266,6 +266,24 @@ static int any_backlog(const rb_dispatcher *d)
     return 0;
 }
 
+/* After a claim that found less than it asked: when to poll next. A store that wakes the
+ * dispatcher for every delivery that becomes due sooner (PostgreSQL while its LISTEN is in
+ * force) says when the next one falls due: sleep until then, at most listen_poll_interval
+ * (the net under what no trigger sees: a LISTEN through a pooler that drops notifications).
+ * Otherwise, and after that first wait, every poll_interval. */
+static void arm_poll(rb_dispatcher *d)
+{
+    if (!d->started || d->stopping) return;
+    double wait = d->opt.poll_interval, quiet = d->store->quiet_until;
+    if (quiet > 0) {
+        double most = fmax(d->opt.listen_poll_interval, d->opt.poll_interval);
+        wait = fmin(fmax(quiet - rb_monotonic(), 0.001), most);
+    }
+    rb_timer_stop(d->loop, &d->poll_timer);
+    rb_timer_set(&d->poll_timer, wait, d->opt.poll_interval);
+    rb_timer_start(d->loop, &d->poll_timer);
+}
+
 static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
 {
     claim_ctx *c = ud;
@@ -348,7 +366,15 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
     disp_start_ahead(d);
     /* Last: ending the stop calls the host, which may free d. */
     if (d->stopping) { disp_check_stop_done(d); return; }
-    if (n < limit) claim_after(d, lane_k);
+    if (n < limit) {
+        claim_after(d, lane_k);
+        arm_poll(d);
+    }
+    if (d->woken_while_claiming && !d->claims) {
+        d->woken_while_claiming = 0;
+        d->want_claim = 1;
+        disp_request_flush(d);
+    }
     /* A full batch means more may be due: claim again at the end of this iteration. */
     if (d->backlog) {
         d->want_claim = 1;
@@ -458,6 +484,9 @@ void rb_dispatcher_check_deadlines(rb_dispatcher *d)
 void rb_dispatcher_wake(rb_dispatcher *d)
 {
     if (!d->started || d->stopping) return;
+    /* A claim in flight may have read the table before what woke us committed, and the claim
+     * this asks for may be held back by it: claim again when it answers. */
+    if (d->claims) d->woken_while_claiming = 1;
     d->want_claim = 1;
     disp_request_flush(d);
 }

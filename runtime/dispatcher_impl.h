@@ -169,6 +169,7 @@ struct rb_dispatcher {
     stop_waiter spare_waiter;   /* a stop's done that no waiter could be allocated for */
     int flushing;
     int want_claim;
+    int woken_while_claiming;   /* a wake-up came while claims were in flight */
     int quiet;                  /* on_quiet was called */
     listener *listeners;        /* of lifecycle events */
     rb_timer unhandled_timer;   /* the one check for topics nobody here handles */

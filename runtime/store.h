@@ -254,6 +254,12 @@ struct rb_store {
     struct rb_run_registry *registry;
     struct rb_dispatcher *dispatchers;
     int unhandled_checked;      /* the check for topics nobody here handles was made */
+    /* Set by a store just before each claim's callback, from what that claim read: the
+     * monotonic time (clock.h) before which no delivery it could claim falls due unless a
+     * wake-up (set_wakeup) comes; INFINITY when none is live; 0 when unknown. Only a store
+     * that wakes its dispatchers for every delivery that becomes due sooner sets it above 0
+     * (PostgreSQL while its LISTEN is in force); the dispatcher then sleeps until then. */
+    double quiet_until;
 };
 
 typedef struct rb_store_options {

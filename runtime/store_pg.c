@@ -21,6 +21,7 @@
 #include "store.h"
 #include "alloc.h"
 #include "buf.h"
+#include "clock.h"
 #include "fifo.h"
 #include "timer.h"
 #include "text.h"
@@ -236,7 +237,10 @@ static void conn_bury(pg_conn *c)
 {
     pg_store *s = c->s;
     if (c->dead) return;
-    if (s->listen == c) s->listen = NULL;
+    if (s->listen == c) {
+        s->listen = NULL;
+        if (s->listen_epoch & 1) s->listen_epoch++;     /* LISTEN is no longer in force */
+    }
     for (pg_conn **pp = &s->conns; *pp; pp = &(*pp)->next)
         if (*pp == c) { *pp = c->next; break; }
     conn_watch(c, 0);
@@ -607,10 +611,13 @@ static void conn_lost(pg_conn *c, const char *why)
     char err[ERRLEN];
     rb_pg_one_line(err, sizeof err, why && *why ? why : "connection lost");
     if (c->listen) {
-        int was_connecting = c->connecting;
+        int was_connecting = c->connecting, was_listening = s->listen_epoch & 1;
         conn_bury(c);
         if (was_connecting) listen_schedule(s);
         else listen_connect(s);     /* a ready listener lost: try again at once */
+        /* Dispatchers sleeping until the next delivery falls due claim now, and (their answer
+         * telling no more) poll every poll_interval until it is back. */
+        if (was_listening && s->wake_fn) s->wake_fn(s->wake_ud);
         return;
     }
     int was_connecting = c->connecting;
@@ -692,12 +699,17 @@ static void listen_io(pg_conn *c, int revents)
     }
     if (!(revents & EV_READ)) return;
     if (!PQconsumeInput(c->pq)) { conn_lost(c, conn_why(c)); return; }
-    int wake = 0;
+    int wake = 0, failed = 0;
     PGresult *r;
-    while (!PQisBusy(c->pq) && (r = PQgetResult(c->pq))) PQclear(r);
+    while (!PQisBusy(c->pq) && (r = PQgetResult(c->pq))) {
+        failed |= PQresultStatus(r) != PGRES_COMMAND_OK;
+        PQclear(r);
+    }
     if (c->listen_pending && !PQisBusy(c->pq)) {
         c->listen_pending = 0;
         wake = 1;
+        /* (refused, as on a standby: notifications are not heard, dispatchers keep polling) */
+        if (!failed && !(s->listen_epoch & 1)) s->listen_epoch++;
     }
     PGnotify *n;
     while ((n = PQnotifies(c->pq))) {
@@ -761,10 +773,39 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
 }
 
 /* Calls a records callback with the rows of res from row `first` on (ownership passes). */
+/* A claim's last row may be its next-due row (c_settled 0, c_run_at the seconds until the
+ * earliest live delivery falls due): it sets base.quiet_until for the callback that follows,
+ * which every claim's answer sets (0: unknown). It counts only when the listener was listening
+ * from the claim's making to its answer: a NOTIFY missed meanwhile could be of a delivery due
+ * sooner. Returns the rows before it. */
+static int claim_rows(pg_op *op, PGresult *res)
+{
+    pg_store *s = op->s;
+    int n = PQntuples(res), last = n - 1;
+    s->base.quiet_until = 0;
+    if (last < 0 || PQnfields(res) < 14 || PQgetisnull(res, last, 13) ||
+        strcmp(PQgetvalue(res, last, 13), "0") != 0)
+        return n;
+    if (op->heard_epoch && op->heard_epoch == s->listen_epoch) {
+        if (PQgetisnull(res, last, 10)) {
+            s->base.quiet_until = INFINITY;     /* nothing live: only a NOTIFY brings work */
+        } else {
+            double in = strtod(PQgetvalue(res, last, 10), NULL);
+            if (in > 0 && in < RB_MAX_SECONDS) s->base.quiet_until = op->made_at + in;
+        }
+    }
+    return last;
+}
+
 static void deliver_records(pg_op *op, PGresult *res, int first, const char *err)
 {
-    if (err) { op->cb.records(op->ud, err, NULL, 0); return; }
-    size_t n = (size_t)(PQntuples(res) - first);
+    if (err) {
+        if (op->stmt == ST_CLAIM) op->s->base.quiet_until = 0;
+        op->cb.records(op->ud, err, NULL, 0);
+        return;
+    }
+    int end = op->stmt == ST_CLAIM ? claim_rows(op, res) : PQntuples(res);
+    size_t n = (size_t)(end - first);
     rb_delivery **recs = n ? rb_calloc(n, sizeof *recs) : NULL;
     if (n && !recs) { op->cb.records(op->ud, "postgresql: out of memory", NULL, 0); return; }
     for (size_t i = 0; i < n; i++) {
@@ -896,6 +937,8 @@ static int claim_params(pg_op *op, const rb_claim_req *req)
     char token[33];
     rb_random_token(token);
     op->stmt = ST_CLAIM;
+    op->made_at = rb_monotonic();
+    op->heard_epoch = op->s->listen_epoch & 1 ? op->s->listen_epoch : 0;
     return op_param_num(op, 1, (double)req->limit, 1) &&
            op_param_num(op, 2, req->lease_duration, 0) &&
            pg_op_param(op, 3, token);
@@ -1038,7 +1081,9 @@ static void claim_settle_done(pg_op *op, PGresult *res, const char *err)
     if (err) {
         settle_rest(op->s, op->sops, op->nsops, 0, op->settle_cb, op->settle_ud);
     } else {
-        for (; first < PQntuples(res) && !PQgetisnull(res, first, 13); first++)
+        for (; first < PQntuples(res) && !PQgetisnull(res, first, 13) &&
+               strcmp(PQgetvalue(res, first, 13), "0") != 0;
+             first++)
             settle_result(op, PQgetvalue(res, first, 13), PQgetvalue(res, first, 12));
         if (op->round_end >= op->nsops) op->settle_cb(op->settle_ud, NULL);
         else settle_rest(op->s, op->sops, op->nsops, op->round_end, op->settle_cb, op->settle_ud);

@@ -53,6 +53,10 @@ struct pg_op {
     char *saved_err;
     size_t expect;              /* enqueue: ids expected */
     char **ids;                 /* enqueue: room for them, made before the statement is sent */
+    /* claim: when it was made, and the listener's epoch then if it was listening (else 0):
+     * the answer's next-due row counts only if every NOTIFY since could have been heard */
+    double made_at;
+    unsigned heard_epoch;
 };
 
 struct pg_conn {
@@ -97,6 +101,10 @@ struct pg_store {
     int retry_on;
     double backoff, retry_at;
     pg_conn *listen;
+    /* Odd while the listener's LISTEN is in force (it answered and the connection lives):
+     * each start and end of that moves it on, so a claim made in one such period knows
+     * whether it still lasts when the answer comes. */
+    unsigned listen_epoch;
     rb_timer listen_timer;
     int listen_timer_on;
     double listen_backoff;

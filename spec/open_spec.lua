@@ -43,13 +43,56 @@ local function runs_both(store, ids)
   for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
 end
 
--- A column of the claim function of PostgreSQL table t, from pg_proc ("" when it has none).
-local function claim_function(store, t, column)
+-- The arguments of PostgreSQL's claim function since schema 6, and those of schemas 3 to 5 (what
+-- an older relaybus calls; since 6 a wrapper of the other).
+local CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[], boolean)"
+local OLD_CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[])"
+
+-- A column of the claim function of PostgreSQL table t (of the arguments `args`, by default
+-- CLAIM_ARGS), from pg_proc ("" when it has none).
+local function claim_function(store, t, column, args)
   local ok, rows = store:transaction(function(tx)
-    return tx:query("SELECT " .. column .. " AS v FROM pg_proc WHERE proname = $1", t .. "_claim")
+    return tx:query("SELECT " .. column .. " AS v FROM pg_proc WHERE oid = to_regprocedure($1)",
+      '"' .. t .. '_claim"' .. (args or CLAIM_ARGS))
   end)
   assert.is_true(ok, rows)
   return rows[1] and rows[1].v or ""
+end
+
+-- Runs the statements in one transaction of store.
+local function exec_all(store, ...)
+  local sqls = { ... }
+  assert(store:transaction(function(tx)
+    for _, sql in ipairs(sqls) do assert(tx:exec(sql)) end
+    return true
+  end))
+end
+
+-- Brings PostgreSQL table t back to what schema 5 left: the claim function of nine arguments
+-- (today's text without p_next and its next-due row), no trigger on updates.
+local function back_to_version_5(store, t)
+  local def = claim_function(store, t, "pg_get_functiondef(oid)")
+  local args_at = assert(def:find(", p_next boolean)", 1, true), def)
+  def = def:sub(1, args_at - 1) .. ")" .. def:sub(args_at + #", p_next boolean)")
+  local from = assert(def:find("  GET DIAGNOSTICS claimed", 1, true), def)
+  local _, to = assert(def:find("\n  END IF;\n", from, true))
+  def = def:sub(1, from - 1) .. def:sub(to + 1)
+  exec_all(store, def, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
+    'DROP TRIGGER "' .. t .. '_sooner" ON "' .. t .. '"',
+    "UPDATE relaybus_schema SET version = 5 WHERE table_name = '" .. t .. "'")
+  assert.equal("", claim_function(store, t, "prosrc"))
+  assert.is_nil(claim_function(store, t, "prosrc", OLD_CLAIM_ARGS):find("p_next", 1, true))
+end
+
+-- What an older relaybus's claim (schemas 3 to 5: nine arguments) of topic on table t returns:
+-- the rows' c_id and c_settled.
+local function old_claim(store, t, topic)
+  local ok, rows = store:transaction(function(tx)
+    return tx:query('SELECT c_id, c_settled FROM "' .. t .. '_claim"(ARRAY[$1], 10, 30, \'tok\','
+      .. ' NULL, NULL, NULL, NULL, NULL)', topic)
+  end)
+  assert.is_true(ok, rows)
+  return rows
 end
 
 describe("opening a store", function()
@@ -274,21 +317,20 @@ print("RAN " .. table.concat(ran, ","))
         end)
       end
       if entry.name == "postgresql" then
-        it("postgresql: a table of schema version 2 is refused without migrate and brought to 5 by open; its deliveries then run", function()
+        it("postgresql: a table of schema version 2 is refused without migrate and brought to 6 by open; its deliveries then run", function()
           local url = entry.url()
           local t = S.unique("v2")
           local store = assert(relaybus.open(url, { table = t }))
           local ids = assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } })
           -- what a database migrated by the release before the claim function looks like
-          assert(store:transaction(function(tx)
-            assert(tx:exec('DROP FUNCTION "' .. t .. '_claim"'))
-            return tx:exec("UPDATE relaybus_schema SET version = 2 WHERE table_name = $1", t)
-          end))
+          back_to_version_5(store, t)
+          exec_all(store, 'DROP FUNCTION "' .. t .. '_claim"' .. OLD_CLAIM_ARGS,
+            "UPDATE relaybus_schema SET version = 2 WHERE table_name = '" .. t .. "'")
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
           H.one_line(err)
-          assert.truthy(err:find("version 2, this relaybus needs 5 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 2, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           runs_both(store, ids)
           store:close()
@@ -300,17 +342,17 @@ print("RAN " .. table.concat(ran, ","))
           local function settings() return claim_function(store, t, "array_to_string(proconfig, ',')") end
           assert.truthy(settings():find("enable_seqscan=off", 1, true), settings())
           -- what version 3 left: the function with only its sort, bitmap scan and JIT settings
-          assert(store:transaction(function(tx)
-            assert(tx:exec('ALTER FUNCTION "' .. t .. '_claim" RESET ALL'))
-            assert(tx:exec('ALTER FUNCTION "' .. t .. '_claim" SET enable_sort = off SET enable_bitmapscan = off SET jit = off'))
-            assert(tx:exec('DROP FUNCTION "' .. t .. '_pending_topics"'))
-            return tx:exec("UPDATE relaybus_schema SET version = 3 WHERE table_name = $1", t)
-          end))
-          assert.is_nil(settings():find("enable_seqscan", 1, true))
+          back_to_version_5(store, t)
+          local old = '"' .. t .. '_claim"' .. OLD_CLAIM_ARGS
+          exec_all(store, "ALTER FUNCTION " .. old .. " RESET ALL",
+            "ALTER FUNCTION " .. old .. " SET enable_sort = off SET enable_bitmapscan = off SET jit = off",
+            'DROP FUNCTION "' .. t .. '_pending_topics"',
+            "UPDATE relaybus_schema SET version = 3 WHERE table_name = '" .. t .. "'")
+          assert.equal("", settings())
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
-          assert.truthy(err:find("version 3, this relaybus needs 5 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 3, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local c = settings()
           for _, want in ipairs { "plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_nestloop=off", "enable_sort=off",
@@ -331,30 +373,57 @@ print("RAN " .. table.concat(ran, ","))
           local t = S.unique("v4")
           local store = assert(relaybus.open(url, { table = t }))
           local function claim_source() return claim_function(store, t, "prosrc") end
-          -- what version 4 left: the same function without the slots
-          local ok, rows = store:transaction(function(tx)
-            return tx:query("SELECT pg_get_functiondef(oid) AS def FROM pg_proc WHERE proname = $1", t .. "_claim")
-          end)
-          assert.is_true(ok, rows)
-          local def = rows[1].def
+          -- what version 4 left: the function of version 5 without the slots
+          back_to_version_5(store, t)
+          local def = claim_function(store, t, "pg_get_functiondef(oid)", OLD_CLAIM_ARGS)
           local from = assert(def:find("  IF p_limit > 0 THEN\n    slots_text := ", 1, true), def)
           local _, to = assert(def:find("\n    END IF;\n  END IF;\n", from, true))
           def = def:sub(1, from - 1) .. def:sub(to + 1)
-          assert(store:transaction(function(tx)
-            assert(tx:exec(def))
-            return tx:exec("UPDATE relaybus_schema SET version = 4 WHERE table_name = $1", t)
-          end))
-          assert.is_nil(claim_source():find("pg_advisory_xact_lock", 1, true))
-          -- the claim of version 4 runs deliveries (what an older relaybus does on its table)
-          runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
+          exec_all(store, def, "UPDATE relaybus_schema SET version = 4 WHERE table_name = '" .. t .. "'")
+          assert.is_nil(claim_function(store, t, "prosrc", OLD_CLAIM_ARGS):find("pg_advisory_xact_lock", 1, true))
+          -- the claim of version 4 claims deliveries (what an older relaybus does on its table)
+          assert(store:enqueue_many { { "old", {} }, { "old", {} } })
+          assert.equal(2, #old_claim(store, t, "old"))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
-          assert.truthy(err:find("version 4, this relaybus needs 5 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 4, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local src = claim_source()
           assert.truthy(src:find("relaybus.claim_slots", 1, true), src)
           assert.truthy(src:find("pg_advisory_xact_lock", 1, true), src)
+          runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
+          store:close()
+        end)
+        it("postgresql: a table of schema version 5 is refused without migrate and migrated by open; an older relaybus's claim goes on beside it and gets no next-due row", function()
+          local url = entry.url()
+          local t = S.unique("v5")
+          local store = assert(relaybus.open(url, { table = t }))
+          back_to_version_5(store, t)
+          assert(store:enqueue_many { { "old", {} }, { "old", {} } })
+          assert.equal(2, #old_claim(store, t, "old"))
+          store:close()
+          local s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("version 5, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open(url, { table = t }))
+          -- the older relaybus's claim, now the wrapper: deliveries, and no row of c_settled 0
+          assert.truthy(claim_function(store, t, "prosrc", OLD_CLAIM_ARGS):find("false", 1, true))
+          assert(store:enqueue_many { { "old", {} }, { "old", {} }, { "old", {} } })
+          local rows = old_claim(store, t, "old")
+          assert.equal(3, #rows)
+          for _, r in ipairs(rows) do assert.is_nil(r.c_settled) end
+          assert.equal(0, #old_claim(store, t, "old"))
+          -- the new claim's next-due row: the two claimed above are live, their leases 30 s away
+          local ok, next_rows = store:transaction(function(tx)
+            return tx:query('SELECT c_settled, c_run_at FROM "' .. t .. '_claim"(ARRAY[\'old\'], 10, 30,'
+              .. " 'tok', NULL, NULL, NULL, NULL, NULL, true)")
+          end)
+          assert.is_true(ok, next_rows)
+          assert.equal(1, #next_rows)
+          assert.equal(0, tonumber(next_rows[1].c_settled))
+          local in_s = tonumber(next_rows[1].c_run_at)
+          assert.truthy(in_s > 20 and in_s <= 30, tostring(in_s))
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)
