@@ -772,7 +772,6 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
     return d;
 }
 
-/* Calls a records callback with the rows of res from row `first` on (ownership passes). */
 /* A claim's last row may be its next-due row (c_settled 0, c_run_at the seconds until the
  * earliest live delivery falls due): it sets base.quiet_until for the callback that follows,
  * which every claim's answer sets (0: unknown). It counts only when the listener was listening
@@ -797,6 +796,8 @@ static int claim_rows(pg_op *op, PGresult *res)
     return last;
 }
 
+/* Calls a records callback with the rows of res from row `first` on (ownership passes); a
+ * claim's next-due row is not one of them. */
 static void deliver_records(pg_op *op, PGresult *res, int first, const char *err)
 {
     if (err) {
