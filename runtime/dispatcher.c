@@ -75,7 +75,7 @@ void rb_dispatcher_options_init(rb_dispatcher_options *o)
     o->poll_interval = 1;
     o->concurrency = 64;
     o->claim_ahead = 4;
-    o->listen_poll_interval = 10;
+    o->listen_poll_interval = 30;
 }
 
 /* ---- local wake-ups: every dispatcher on a store hears this process's enqueues ---------- */
@@ -103,7 +103,13 @@ static void wake_list_remove(rb_dispatcher *d)
     }
 }
 
-static void on_store_notify(void *ud) { on_local_enqueue(ud); }
+/* A notification (or the listener's start or end): it hears. */
+static void on_store_notify(void *ud)
+{
+    rb_store *s = ud;
+    s->unannounced = 0;
+    on_local_enqueue(s);
+}
 
 
 /* ---- topics nobody here handles ------------------------------------------------------------ */
@@ -218,7 +224,7 @@ rb_dispatcher *rb_dispatcher_new(rb_store *store, const rb_dispatcher_options *o
     ev_prepare_init(&d->flush_watcher, disp_on_flush);
     d->flush_watcher.data = d;
     rb_idle_init(&d->spin_watcher, disp_on_spin);
-    rb_timer_init(&d->poll_timer, disp_on_poll, d->opt.poll_interval, d->opt.poll_interval);
+    rb_timer_init(&d->poll_timer, disp_on_poll_timer, d->opt.poll_interval, d->opt.poll_interval);
     d->poll_timer.w.data = d;
     rb_timer_init(&d->claim_retry_timer, disp_on_poll, 0, 0);
     rb_timer_init(&d->unhandled_timer, on_unhandled_check, UNHANDLED_CHECK_AFTER, 0);

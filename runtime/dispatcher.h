@@ -92,7 +92,7 @@ typedef struct rb_dispatcher_options {
     /* Claiming ahead (docs/lua.md "Claiming ahead"): at most this many times the slots are
      * claimed beyond them for handlers faster than a claim's round trip; 0 never. Default 4. */
     int claim_ahead;
-    /* s, default 10. While the store wakes the dispatcher for every delivery that becomes due
+    /* s, default 30. While the store wakes the dispatcher for every delivery that becomes due
      * sooner (PostgreSQL with its LISTEN in force), an idle dispatcher claims when the next
      * delivery falls due (each claim reads when), or after this long at most (or after
      * poll_interval, if that is longer). Otherwise it claims every poll_interval. */

@@ -275,13 +275,28 @@ static void arm_poll(rb_dispatcher *d)
 {
     if (!d->started || d->stopping) return;
     double wait = d->opt.poll_interval, quiet = d->store->quiet_until;
-    if (quiet > 0) {
+    d->poll_is_net = 0;
+    if (quiet > 0 && !d->store->deaf) {
         double most = fmax(d->opt.listen_poll_interval, d->opt.poll_interval);
         wait = fmin(fmax(quiet - rb_monotonic(), 0.001), most);
+        d->poll_is_net = wait == most && most > d->opt.poll_interval;
     }
     rb_timer_stop(d->loop, &d->poll_timer);
     rb_timer_set(&d->poll_timer, wait, d->opt.poll_interval);
     rb_timer_start(d->loop, &d->poll_timer);
+}
+
+/* A claim at the end of a sleep that the store's answer allowed found deliveries: nothing
+ * should have become due meanwhile without a notification. Twice since the last notification
+ * (once could be a NOTIFY still on its way), and the store's notifications are lost. */
+static void found_unannounced(rb_dispatcher *d)
+{
+    rb_store *s = d->store;
+    if (s->deaf || ++s->unannounced < 2) return;
+    s->deaf = 1;
+    rb_log(RB_LOG_WARN, "deliveries fell due that no notification announced, twice: notifications "
+                        "are lost (LISTEN through a pooler in transaction mode?); claiming every "
+                        "poll_interval from now on");
 }
 
 static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
@@ -302,6 +317,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
     d->backlog = any_backlog(d);
     double sent_at = c->sent_at;
     size_t lane_k = c->lane, limit = c->limit;
+    int at_net = c->at_net;
     free(c);
     if (!err) d->claim_time = moving_average(d->claim_time, rb_monotonic() - sent_at);
     if (err) {
@@ -314,6 +330,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
         claim_after(d, lane_k);
         return;
     }
+    if (at_net && n > 0) found_unannounced(d);
     if (d->listeners) {
         rb_event ev = {.kind = RB_EV_CLAIM, .n = n};
         disp_emit(d, &ev);
@@ -439,6 +456,7 @@ static int claim_lane(rb_dispatcher *d, size_t k)
     c->sent_at = rb_monotonic();
     c->limit = free_slots;
     c->lane = k;
+    c->at_net = d->claiming_at_net;
     c->next = d->claims;
     d->claims = c;
     rb_claim_req req = {ln->topics, ln->ntopics, free_slots, d->opt.lease_duration};
@@ -471,6 +489,16 @@ void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     disp_maybe_claim(w->data);
+}
+
+void disp_on_poll_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    rb_dispatcher *d = w->data;
+    d->claiming_at_net = d->poll_is_net;
+    d->poll_is_net = 0;     /* (it repeats every poll_interval after) */
+    disp_maybe_claim(d);
+    d->claiming_at_net = 0;
 }
 
 void rb_dispatcher_check_deadlines(rb_dispatcher *d)

@@ -170,6 +170,8 @@ struct rb_dispatcher {
     int flushing;
     int want_claim;
     int woken_while_claiming;   /* a wake-up came while claims were in flight */
+    int poll_is_net;            /* the poll timer ends a sleep quiet_until allowed */
+    int claiming_at_net;        /* claims sent now are that poll's */
     int quiet;                  /* on_quiet was called */
     listener *listeners;        /* of lifecycle events */
     rb_timer unhandled_timer;   /* the one check for topics nobody here handles */
@@ -182,6 +184,7 @@ typedef struct claim_ctx {
     double sent_at;
     size_t limit;
     size_t lane;
+    int at_net;                 /* sent at the end of a sleep quiet_until allowed */
     struct claim_ctx *next;     /* the dispatcher's claims in flight */
 } claim_ctx;
 
@@ -201,6 +204,7 @@ void disp_note_run_time(rb_dispatcher *d, size_t lane, double seconds);
 void disp_maybe_claim(rb_dispatcher *d);
 handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic);
 void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents);
+void disp_on_poll_timer(struct ev_loop *loop, ev_timer *w, int revents);
 
 /* dispatcher_runs.c */
 rb_outcome disp_outcome_of(const rb_run *run, rb_settle_kind kind);

@@ -4,8 +4,9 @@
 -- sooner notifies. The dispatchers here poll every 30 s at most (poll_interval and
 -- listen_poll_interval), so a delivery that starts within seconds was woken for, not polled
 -- for. Attacks: a retry scheduled by another process that then stops, a lease left to expire, a
--- kick, an UPDATE by hand, the LISTEN connection killed while an insert commits. RELAYBUS_TEST_PG
--- only: the other stores poll every poll_interval, as before.
+-- kick, an UPDATE by hand, the LISTEN connection killed while an insert commits, notifications
+-- that never come (noticed: it then polls). RELAYBUS_TEST_PG only: the other stores poll every
+-- poll_interval, as before.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local relaybus = S.relaybus()
@@ -206,6 +207,31 @@ describe("idle dispatchers on PostgreSQL sleep until the next delivery falls due
     end)
     assert.equal(1, #runs)
     assert.truthy(runs[1].at - moved < WOKEN, "ran " .. (runs[1].at - moved) .. " s after the UPDATE")
+    store:close(); other:close()
+  end)
+
+  it("notifications that never come (a pooler that drops them) are noticed: after two deliveries found at the end of a sleep it claims every poll_interval", function()
+    local t = S.unique("deaf")
+    local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
+    -- what a pooler in transaction mode does to LISTEN: the insert's notification never comes
+    sql(other, 'ALTER TABLE "' .. t .. '" DISABLE TRIGGER "' .. t .. '_notify"')
+    local sleeper = H.dispatcher(store, { poll_interval = 0.2, listen_poll_interval = 4, lease_duration = 20 })
+    local inserted = {}
+    local runs = watch(sleeper, 3, 60, function(runs)
+      local since = relaybus.now()
+      for round = 1, 3 do
+        asleep_after(other, t, since)
+        sql(other, 'INSERT INTO "' .. t .. "\" (topic) VALUES ('t') RETURNING id")
+        inserted[round] = relaybus.now()
+        H.poll(function() return #runs >= round end, 10)
+        since = runs[round] and runs[round].at or relaybus.now()
+      end
+    end)
+    assert.equal(3, #runs)
+    -- the first two waited for the end of the sleep, 4 s after the claim before them; the third
+    -- came within a poll_interval, not 3.7 s later
+    local late = runs[3].at - inserted[3]
+    assert.truthy(late < 1.5, "the third ran " .. late .. " s after its insert")
     store:close(); other:close()
   end)
 
