@@ -76,6 +76,27 @@ local function asleep_after(store, t, since)
   relaybus.sleep(0.3)
 end
 
+-- On a new table: prepare(other, t) sets it up (its answer is passed on as `made`), a sleeper
+-- (SLEEPY) starts, and once it is asleep act(other, t, made) makes a delivery due by another
+-- store and returns when it falls due (nil: now). Checks that the sleeper ran it once, not
+-- before that and within WOKEN s of it; returns the run and `made`.
+local function woken(name, act, prepare)
+  local t = S.unique(name)
+  local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
+  local made = prepare and prepare(other, t)
+  local due
+  local runs = watch(H.dispatcher(store, SLEEPY), 1, 30, function()
+    asleep_after(other, t, relaybus.now())
+    due = act(other, t, made) or relaybus.now()
+  end)
+  store:close(); other:close()
+  assert.equal(1, #runs)
+  local late = runs[1].at - due
+  assert.truthy(late > -0.2, "started " .. -late .. " s before it was due")
+  assert.truthy(late < WOKEN, "started " .. late .. " s after it was due")
+  return runs[1], made
+end
+
 describe("idle dispatchers on PostgreSQL sleep until the next delivery falls due #postgresql", function()
   if not entry then
     it("needs RELAYBUS_TEST_PG", function() assert.is_nil(entry, "no PostgreSQL to test against") end)
@@ -110,19 +131,10 @@ describe("idle dispatchers on PostgreSQL sleep until the next delivery falls due
   end)
 
   it("a delivery enqueued for later by another process starts when it falls due", function()
-    local t = S.unique("later")
-    local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
-    local sleeper = H.dispatcher(store, SLEEPY)
-    local due
-    local runs = watch(sleeper, 1, 20, function()
-      asleep_after(other, t, relaybus.now())
+    woken("later", function(other)
       assert(other:enqueue("t", {}, { delay = 1.5 }))
-      due = relaybus.now() + 1.5
+      return relaybus.now() + 1.5
     end)
-    assert.equal(1, #runs)
-    assert.truthy(runs[1].at >= due - 0.1, "started before it was due")
-    assert.truthy(runs[1].at - due < WOKEN, "started " .. (runs[1].at - due) .. " s after it was due")
-    store:close(); other:close()
   end)
 
   it("a retry scheduled by another dispatcher that then stops runs when it falls due, not a lease or a poll later", function()
@@ -158,56 +170,31 @@ describe("idle dispatchers on PostgreSQL sleep until the next delivery falls due
   end)
 
   it("a delivery whose lease another process left to expire is taken over at the expiry", function()
-    local t = S.unique("lease")
-    local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
-    local sleeper = H.dispatcher(store, SLEEPY)
-    local expires
-    local runs = watch(sleeper, 1, 30, function()
-      asleep_after(other, t, relaybus.now())
+    local run = woken("lease", function(other, t)
       -- what a process that claimed it and died leaves: processing, its lease 2 s away
-      sql(store, 'INSERT INTO "' .. t .. '" (topic, status, attempts, lease_token, lease_expires_at)'
+      sql(other, 'INSERT INTO "' .. t .. '" (topic, status, attempts, lease_token, lease_expires_at)'
         .. " VALUES ('t', 'processing', 1, 'dead', now() + interval '2 seconds') RETURNING id")
-      expires = relaybus.now() + 2
+      return relaybus.now() + 2
     end)
-    assert.equal(1, #runs)
-    assert.equal(2, runs[1].attempt)
-    assert.truthy(runs[1].at >= expires - 0.2, "taken over before the lease expired")
-    assert.truthy(runs[1].at - expires < WOKEN, "taken over " .. (runs[1].at - expires) .. " s after the expiry")
-    store:close(); other:close()
+    assert.equal(2, run.attempt)
   end)
 
   it("a kick of a buried delivery wakes it", function()
-    local t = S.unique("kick")
-    local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
-    local id = assert(other:enqueue("t", {}))
-    sql(other, 'UPDATE "' .. t .. "\" SET status = 'buried', settled_at = now() WHERE id = $1", id)
-    local sleeper = H.dispatcher(store, SLEEPY)
-    local kicked
-    local runs = watch(sleeper, 1, 30, function()
-      asleep_after(other, t, relaybus.now())
+    local run, id = woken("kick", function(other, _, id)
       assert.equal(1, assert(other:kick(id)))
-      kicked = relaybus.now()
+    end, function(other, t)
+      local id = assert(other:enqueue("t", {}))
+      sql(other, 'UPDATE "' .. t .. "\" SET status = 'buried', settled_at = now() WHERE id = $1", id)
+      return id
     end)
-    assert.equal(1, #runs)
-    assert.equal(id, runs[1].id)
-    assert.truthy(runs[1].at - kicked < WOKEN, "ran " .. (runs[1].at - kicked) .. " s after the kick")
-    store:close(); other:close()
+    assert.equal(id, run.id)
   end)
 
   it("an UPDATE by hand that brings a delivery forward wakes it", function()
-    local t = S.unique("hand")
-    local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
-    local id = assert(other:enqueue("t", {}, { delay = 3600 }))
-    local sleeper = H.dispatcher(store, SLEEPY)
-    local moved
-    local runs = watch(sleeper, 1, 30, function()
-      asleep_after(other, t, relaybus.now())
+    local run, id = woken("hand", function(other, t, id)
       sql(other, 'UPDATE "' .. t .. '" SET run_at = now() WHERE id = $1', id)
-      moved = relaybus.now()
-    end)
-    assert.equal(1, #runs)
-    assert.truthy(runs[1].at - moved < WOKEN, "ran " .. (runs[1].at - moved) .. " s after the UPDATE")
-    store:close(); other:close()
+    end, function(other) return assert(other:enqueue("t", {}, { delay = 3600 })) end)
+    assert.equal(id, run.id)
   end)
 
   it("notifications that never come (a pooler that drops them) are noticed: after two deliveries found at the end of a sleep it claims every poll_interval", function()
