@@ -107,7 +107,7 @@ static void wake_list_remove(rb_dispatcher *d)
 static void on_store_notify(void *ud)
 {
     rb_store *s = ud;
-    s->unannounced = 0;
+    for (rb_dispatcher *d = s->dispatchers; d; d = d->next_on_store) d->unannounced = 0;
     on_local_enqueue(s);
 }
 

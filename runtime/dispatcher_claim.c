@@ -286,13 +286,20 @@ static void arm_poll(rb_dispatcher *d)
     rb_timer_start(d->loop, &d->poll_timer);
 }
 
-/* A claim at the end of a sleep that the store's answer allowed found deliveries: nothing
- * should have become due meanwhile without a notification. Twice since the last notification
- * (once could be a NOTIFY still on its way), and the store's notifications are lost. */
-static void found_unannounced(rb_dispatcher *d)
+/* A claim of poll `net`, at the end of a whole listen_poll_interval's sleep that the store's
+ * answer allowed, found deliveries: nothing should have fallen due meanwhile without a
+ * notification. Two such polls since the last notification (once could be a NOTIFY still on
+ * its way; the claims of one poll's lanes count once), and the store's notifications are taken
+ * as lost. (Only such polls count: at the end of a sleep until a known time, what falls due
+ * then is found too. While runs elsewhere keep the next lease expiry nearer than
+ * listen_poll_interval, lost notifications go unnoticed; each delivery then waits for the
+ * next of those expiries, within listen_poll_interval still.) */
+static void found_unannounced(rb_dispatcher *d, unsigned net)
 {
     rb_store *s = d->store;
-    if (s->deaf || ++s->unannounced < 2) return;
+    if (s->deaf || net == d->net_counted) return;
+    d->net_counted = net;
+    if (++d->unannounced < 2) return;
     s->deaf = 1;
     rb_log(RB_LOG_WARN, "deliveries fell due that no notification announced, twice: notifications "
                         "are lost (LISTEN through a pooler in transaction mode?); claiming every "
@@ -317,7 +324,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
     d->backlog = any_backlog(d);
     double sent_at = c->sent_at;
     size_t lane_k = c->lane, limit = c->limit;
-    int at_net = c->at_net;
+    unsigned at_net = c->at_net;
     free(c);
     if (!err) d->claim_time = moving_average(d->claim_time, rb_monotonic() - sent_at);
     if (err) {
@@ -330,7 +337,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
         claim_after(d, lane_k);
         return;
     }
-    if (at_net && n > 0) found_unannounced(d);
+    if (at_net && n > 0) found_unannounced(d, at_net);
     if (d->listeners) {
         rb_event ev = {.kind = RB_EV_CLAIM, .n = n};
         disp_emit(d, &ev);
@@ -495,7 +502,8 @@ void disp_on_poll_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     rb_dispatcher *d = w->data;
-    d->claiming_at_net = d->poll_is_net;
+    if (d->poll_is_net && ++d->net_polls == 0) d->net_polls = 1;
+    d->claiming_at_net = d->poll_is_net ? d->net_polls : 0;
     d->poll_is_net = 0;     /* (it repeats every poll_interval after) */
     disp_maybe_claim(d);
     d->claiming_at_net = 0;

@@ -171,7 +171,10 @@ struct rb_dispatcher {
     int want_claim;
     int woken_while_claiming;   /* a wake-up came while claims were in flight */
     int poll_is_net;            /* the poll timer ends a sleep quiet_until allowed */
-    int claiming_at_net;        /* claims sent now are that poll's */
+    unsigned net_polls;         /* such polls so far; claims sent by the one now carry its number */
+    unsigned claiming_at_net;   /* 0 when the claims sent now are not such a poll's */
+    unsigned net_counted;       /* the last such poll whose claims found unannounced deliveries */
+    int unannounced;            /* such polls since the store's last notification */
     int quiet;                  /* on_quiet was called */
     listener *listeners;        /* of lifecycle events */
     rb_timer unhandled_timer;   /* the one check for topics nobody here handles */
@@ -184,7 +187,7 @@ typedef struct claim_ctx {
     double sent_at;
     size_t limit;
     size_t lane;
-    int at_net;                 /* sent at the end of a sleep quiet_until allowed */
+    unsigned at_net;            /* sent by that poll (its number), or 0 */
     struct claim_ctx *next;     /* the dispatcher's claims in flight */
 } claim_ctx;
 

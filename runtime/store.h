@@ -260,11 +260,10 @@ struct rb_store {
      * that wakes its dispatchers for every delivery that becomes due sooner sets it above 0
      * (PostgreSQL while its LISTEN is in force); the dispatcher then sleeps until then. */
     double quiet_until;
-    /* Kept by the dispatcher: claims made at the end of a sleep that quiet_until allowed
-     * (listen_poll_interval) that found deliveries no wake-up announced, since the store's last
-     * notification. At 2 its notifications are taken as lost (a pooler in transaction mode
-     * passes LISTEN and drops them): logged once, and quiet_until is ignored from then on. */
-    int unannounced, deaf;
+    /* Set by the dispatcher when the store's notifications are taken as lost (a pooler in
+     * transaction mode passes LISTEN and drops them; dispatcher_claim.c, found_unannounced):
+     * quiet_until is ignored from then on, until the store has a new listener. */
+    int deaf;
 };
 
 typedef struct rb_store_options {

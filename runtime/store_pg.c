@@ -699,17 +699,20 @@ static void listen_io(pg_conn *c, int revents)
     }
     if (!(revents & EV_READ)) return;
     if (!PQconsumeInput(c->pq)) { conn_lost(c, conn_why(c)); return; }
-    int wake = 0, failed = 0;
+    int wake = 0;
     PGresult *r;
     while (!PQisBusy(c->pq) && (r = PQgetResult(c->pq))) {
-        failed |= PQresultStatus(r) != PGRES_COMMAND_OK;
+        c->listen_failed |= PQresultStatus(r) != PGRES_COMMAND_OK;
         PQclear(r);
     }
     if (c->listen_pending && !PQisBusy(c->pq)) {
         c->listen_pending = 0;
         wake = 1;
         /* (refused, as on a standby: notifications are not heard, dispatchers keep polling) */
-        if (!failed && !(s->listen_epoch & 1)) s->listen_epoch++;
+        if (!c->listen_failed && !(s->listen_epoch & 1)) {
+            s->listen_epoch++;
+            s->base.deaf = 0;   /* a new listener: its notifications may well arrive */
+        }
     }
     PGnotify *n;
     while ((n = PQnotifies(c->pq))) {
@@ -789,8 +792,10 @@ static int claim_rows(pg_op *op, PGresult *res)
         if (PQgetisnull(res, last, 10)) {
             s->base.quiet_until = INFINITY;     /* nothing live: only a NOTIFY brings work */
         } else {
+            /* (+-Infinity: a run_at of 'infinity' or '-infinity'; beyond 100 years: as none) */
             double in = strtod(PQgetvalue(res, last, 10), NULL);
-            if (in > 0 && in < RB_MAX_SECONDS) s->base.quiet_until = op->made_at + in;
+            if (in >= RB_MAX_SECONDS) s->base.quiet_until = INFINITY;
+            else if (in > 0) s->base.quiet_until = op->made_at + in;
         }
     }
     return last;

@@ -67,6 +67,7 @@ struct pg_conn {
     rb_timer timeout;           /* connect timeout */
     int io_events, io_on, io_ref, timer_on;
     int connecting, listen, broken, dead, listen_pending;
+    int listen_failed;          /* the LISTEN's answer was an error (it may come in pieces) */
     char fatal[200];            /* a FATAL received while idle: the server is hanging up */
     pg_op *cur;                 /* the statement in flight */
     int preparing;              /* cur waits for its PREPARE */

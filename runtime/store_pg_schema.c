@@ -235,7 +235,9 @@ static const char *const migrations[] = {
     "  IF p_next AND claimed < p_limit THEN\n"
     "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,"
     "     NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint,"
-    "     (SELECT date_part('epoch', " DUE " - now()) FROM \"@T\" WHERE " LIVE
+    /* (the difference of the epochs, not of the times: a run_at of 'infinity' or
+     * '-infinity', as an operator may park a row, cannot be subtracted from a time) */
+    "     (SELECT date_part('epoch', " DUE ") - date_part('epoch', now()) FROM \"@T\" WHERE " LIVE
     "      ORDER BY " DUE ", id LIMIT 1), NULL::float8, NULL::float8, 0;\n"
     "  END IF;\n"
     "  END IF;\n"

@@ -5,7 +5,7 @@
 -- listen_poll_interval), so a delivery that starts within seconds was woken for, not polled
 -- for. Attacks: a retry scheduled by another process that then stops, a lease left to expire, a
 -- kick, an UPDATE by hand, the LISTEN connection killed while an insert commits, notifications
--- that never come (noticed: it then polls). RELAYBUS_TEST_PG only: the other stores poll every
+-- that never come (noticed: it then polls), rows parked at infinite times. RELAYBUS_TEST_PG only: the other stores poll every
 -- poll_interval, as before.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
@@ -195,6 +195,25 @@ describe("idle dispatchers on PostgreSQL sleep until the next delivery falls due
       sql(other, 'UPDATE "' .. t .. '" SET run_at = now() WHERE id = $1', id)
     end, function(other) return assert(other:enqueue("t", {}, { delay = 3600 })) end)
     assert.equal(id, run.id)
+  end)
+
+  it("rows parked at run_at 'infinity' or '-infinity' (or leases ending then) at the head of the table stop no claim", function()
+    local t = S.unique("inf")
+    local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))
+    local sleeper = H.dispatcher(store, { poll_interval = 0.2, listen_poll_interval = 30, lease_duration = 20 })
+    local runs = watch(sleeper, 4, 40, function(runs)
+      for round, park in ipairs { "'infinity'", "'-infinity'" } do
+        -- a row of a topic nobody handles, parked; and one of a lease that never ends
+        sql(other, 'DELETE FROM "' .. t .. "\" WHERE topic = 'parked'")
+        sql(other, 'INSERT INTO "' .. t .. "\" (topic, run_at) VALUES ('parked', " .. park .. ") RETURNING id")
+        sql(other, 'INSERT INTO "' .. t .. "\" (topic, status, lease_token, lease_expires_at)"
+          .. " VALUES ('parked', 'processing', 'x', " .. park .. ") RETURNING id")
+        for _ = 1, 2 do assert(other:enqueue("t", {})) end
+        H.poll(function() return #runs >= 2 * round end, WOKEN)
+      end
+    end)
+    assert.equal(4, #runs)
+    store:close(); other:close()
   end)
 
   it("notifications that never come (a pooler that drops them) are noticed: after two deliveries found at the end of a sleep it claims every poll_interval", function()
