@@ -95,6 +95,18 @@ local function old_claim(store, t, topic)
   return rows
 end
 
+-- An older relaybus at schema `version` claims on table t (two deliveries of topic "old"); then
+-- `store` closes, an open without migrate is refused, and an open migrates: returns that store.
+local function claims_then_migrates(url, store, t, version)
+  assert(store:enqueue_many { { "old", {} }, { "old", {} } })
+  assert.equal(2, #old_claim(store, t, "old"))
+  store:close()
+  local s, err = relaybus.open(url, { table = t, migrate = false })
+  assert.is_nil(s)
+  assert.truthy(err:find("version " .. version .. ", this relaybus needs 6 (run relaybus migrate)", 1, true), err)
+  return assert(relaybus.open(url, { table = t }))
+end
+
 describe("opening a store", function()
   teardown(function() S.cleanup() end)
 
@@ -382,13 +394,7 @@ print("RAN " .. table.concat(ran, ","))
           exec_all(store, def, "UPDATE relaybus_schema SET version = 4 WHERE table_name = '" .. t .. "'")
           assert.is_nil(claim_function(store, t, "prosrc", OLD_CLAIM_ARGS):find("pg_advisory_xact_lock", 1, true))
           -- the claim of version 4 claims deliveries (what an older relaybus does on its table)
-          assert(store:enqueue_many { { "old", {} }, { "old", {} } })
-          assert.equal(2, #old_claim(store, t, "old"))
-          store:close()
-          local s, err = relaybus.open(url, { table = t, migrate = false })
-          assert.is_nil(s)
-          assert.truthy(err:find("version 4, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
-          store = assert(relaybus.open(url, { table = t }))
+          store = claims_then_migrates(url, store, t, 4)
           local src = claim_source()
           assert.truthy(src:find("relaybus.claim_slots", 1, true), src)
           assert.truthy(src:find("pg_advisory_xact_lock", 1, true), src)
@@ -400,13 +406,7 @@ print("RAN " .. table.concat(ran, ","))
           local t = S.unique("v5")
           local store = assert(relaybus.open(url, { table = t }))
           back_to_version_5(store, t)
-          assert(store:enqueue_many { { "old", {} }, { "old", {} } })
-          assert.equal(2, #old_claim(store, t, "old"))
-          store:close()
-          local s, err = relaybus.open(url, { table = t, migrate = false })
-          assert.is_nil(s)
-          assert.truthy(err:find("version 5, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
-          store = assert(relaybus.open(url, { table = t }))
+          store = claims_then_migrates(url, store, t, 5)
           -- the older relaybus's claim, now the wrapper: deliveries, and no row of c_settled 0
           assert.truthy(claim_function(store, t, "prosrc", OLD_CLAIM_ARGS):find("false", 1, true))
           assert(store:enqueue_many { { "old", {} }, { "old", {} }, { "old", {} } })
