@@ -278,7 +278,11 @@ for _, entry in ipairs(S.list()) do
         local inf, nan = math.huge, 0 / 0
         for _, o in ipairs { { lease_duration = inf }, { lease_duration = nan }, { lease_duration = -1 },
                              { shutdown_timeout = inf }, { poll_interval = inf }, { poll_interval = 0 },
-                             { retention = inf }, { retention = -1 }, { concurrency = inf } } do
+                             { retention = inf }, { retention = -1 }, { concurrency = inf },
+                             { listen_poll_interval = inf }, { listen_poll_interval = nan },
+                             { listen_poll_interval = 0 }, { listen_poll_interval = -1 },
+                             { listen_poll_interval = 3.2e9 }, { listen_poll_interval = "5" },
+                             { listen_poll_interval = "\xff" } } do
           H.raises_relaybus(relaybus.dispatcher, store, o)
         end
         for _, o in ipairs { { run_at = -1 }, { run_at = nan }, { run_at = inf }, { delay = inf },
