@@ -88,10 +88,11 @@ end
 function M.drop_pg_table(store, T)
   return store:transaction(function(tx)
     tx:exec('DROP TABLE IF EXISTS "' .. T .. '", "' .. T .. '_leases"')
-    -- (the table's triggers go with it; the claim function has two argument lists since schema 6)
+    -- (the table's triggers go with it; the claim function has three argument lists since
+    -- schema 7)
     local claim = '"' .. T .. '_claim"(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[]'
     tx:exec('DROP FUNCTION IF EXISTS "' .. T .. '_enq", "' .. T .. '_notify", ' .. claim .. '), '
-      .. claim .. ', boolean), "' .. T .. '_pending_topics"')
+      .. claim .. ', boolean), ' .. claim .. ', boolean, boolean), "' .. T .. '_pending_topics"')
     tx:exec("DELETE FROM relaybus_schema WHERE table_name = $1", T)
   end)
 end

@@ -264,6 +264,11 @@ struct rb_store {
      * transaction mode passes LISTEN and drops them; dispatcher_claim.c, found_unannounced):
      * quiet_until is ignored from then on, until the store has a new listener. */
     int deaf;
+    /* Set by a store whose claims wait in the server for a claim slot (PostgreSQL's claim
+     * slots, docs/stores.md) when a claim found every slot taken: the monotonic time until
+     * which the dispatchers on it keep one claim in flight instead of claim_parallelism. A
+     * waiting claim holds its snapshot, and with it old row versions every claim steps over. */
+    double crowded_until;
 };
 
 typedef struct rb_store_options {

@@ -775,30 +775,39 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
     return d;
 }
 
-/* A claim's last row may be its next-due row (c_settled 0, c_run_at the seconds until the
- * earliest live delivery falls due): it sets base.quiet_until for the callback that follows,
- * which every claim's answer sets (0: unknown). It counts only when the listener was listening
- * from the claim's making to its answer: a NOTIFY missed meanwhile could be of a delivery due
- * sooner. Returns the rows before it. */
+/* How long a claim that found every claim slot taken keeps the dispatchers on this store at
+ * one claim in flight (store.h, crowded_until): long enough that a few processes settle at one
+ * claim each, which then all find a slot, before they try two again. */
+#define CROWDED_HOLD 10.0
+
+/* A claim's last rows may be its own reports, after the deliveries (store_pg_schema.c,
+ * migration 7): the next-due row (c_settled 0, c_run_at the seconds until the earliest live
+ * delivery falls due), which sets base.quiet_until for the callback that follows (every
+ * claim's answer sets it; 0: unknown), and the row of c_settled -1, which says the claim found
+ * every claim slot taken and sets base.crowded_until. The next-due row counts only when the
+ * listener was listening from the claim's making to its answer: a NOTIFY missed meanwhile
+ * could be of a delivery due sooner. Returns the rows before them. */
 static int claim_rows(pg_op *op, PGresult *res)
 {
     pg_store *s = op->s;
-    int n = PQntuples(res), last = n - 1;
+    int n = PQntuples(res), last = n - 1, next_due = -1;
     s->base.quiet_until = 0;
-    if (last < 0 || PQnfields(res) < 14 || PQgetisnull(res, last, 13) ||
-        strcmp(PQgetvalue(res, last, 13), "0") != 0)
-        return n;
-    if (op->heard_epoch && op->heard_epoch == s->listen_epoch) {
-        if (PQgetisnull(res, last, 10)) {
+    if (PQnfields(res) < 14) return n;
+    for (; last >= 0 && !PQgetisnull(res, last, 13) && atoi(PQgetvalue(res, last, 13)) <= 0; last--) {
+        if (atoi(PQgetvalue(res, last, 13)) == 0) next_due = last;
+        else s->base.crowded_until = rb_monotonic() + CROWDED_HOLD;
+    }
+    if (next_due >= 0 && op->heard_epoch && op->heard_epoch == s->listen_epoch) {
+        if (PQgetisnull(res, next_due, 10)) {
             s->base.quiet_until = INFINITY;     /* nothing live: only a NOTIFY brings work */
         } else {
             /* (+-Infinity: a run_at of 'infinity' or '-infinity'; beyond 100 years: as none) */
-            double in = strtod(PQgetvalue(res, last, 10), NULL);
+            double in = strtod(PQgetvalue(res, next_due, 10), NULL);
             if (in >= RB_MAX_SECONDS) s->base.quiet_until = INFINITY;
             else if (in > 0) s->base.quiet_until = op->made_at + in;
         }
     }
-    return last;
+    return last + 1;
 }
 
 /* Calls a records callback with the rows of res from row `first` on (ownership passes); a
@@ -1087,8 +1096,9 @@ static void claim_settle_done(pg_op *op, PGresult *res, const char *err)
     if (err) {
         settle_rest(op->s, op->sops, op->nsops, 0, op->settle_cb, op->settle_ud);
     } else {
+        /* (ordinals start at 1; the claim's own reports, 0 and -1, come after its deliveries) */
         for (; first < PQntuples(res) && !PQgetisnull(res, first, 13) &&
-               strcmp(PQgetvalue(res, first, 13), "0") != 0;
+               atoi(PQgetvalue(res, first, 13)) > 0;
              first++)
             settle_result(op, PQgetvalue(res, first, 13), PQgetvalue(res, first, 12));
         if (op->round_end >= op->nsops) op->settle_cb(op->settle_ud, NULL);

@@ -133,19 +133,24 @@ static const char *const migrations[] = {
     " ORDER BY " DUE ", d.id LIMIT p_scan) AS p GROUP BY p.topic ORDER BY p.topic LIMIT p_max\n"
     "$f$;\n",
     /* 5: the claim function with claim slots, of the arguments of 3 and 4; its text is now
-     * part of 6 (which creates it where 5 never ran). */
+     * part of 7 (which creates it where 5 never ran). */
     "SELECT 1;\n",
-    /* 6: the claim as a function, which also applies the settles of the batch before it: one
+    /* 6: the claim function with p_next and the trigger on updates; its text is now part of
+     * 7 (which creates them where 6 never ran). */
+    "SELECT 1;\n",
+    /* 7: the claim as a function, which also applies the settles of the batch before it: one
      * statement, one round trip and one commit for both (the settles first, so a delivery
      * they release can be claimed again at once). Its rows: the settles' results first
      * (c_settled = the write's ordinal, c_lease_expires_at its new expiry; the other columns
      * NULL), then the claimed deliveries (c_settled NULL), then, when p_next is true and it
      * claimed fewer than p_limit, one row with c_settled 0: c_run_at is the seconds until the
      * earliest live delivery of the table falls due (its run_at, or its lease's expiry; NULL
-     * when none is live), read from the head of "@T_due". A dispatcher that hears every insert
-     * and every update that makes a delivery due sooner (the triggers of 2 and 6, on its LISTEN
-     * connection) sleeps until then instead of polling. With p_limit 0 it only settles:
-     * ST_SETTLE is this function too, so every fenced write runs under the same plans.
+     * when none is live), read from the head of "@T_due"; and when p_tell_wait is true and
+     * it found every claim slot taken (below), one row with c_settled -1. A dispatcher that
+     * hears every insert and every update that makes a delivery due sooner (the triggers of 2
+     * and 7, on its LISTEN connection) sleeps until then instead of polling. With p_limit 0 it
+     * only settles: ST_SETTLE is this function too, so every fenced write runs under the same
+     * plans.
      * The planner settings: plpgsql caches each statement's plan from its first calls, and a
      * table starts empty. A plan made for an empty table (or one whose statistics were taken
      * while few rows were live) scans it whole: a sequential scan to find the claimed or the
@@ -170,12 +175,17 @@ static const char *const migrations[] = {
      * one holds no row (a keyed enqueue or a bury of a delivery it settles would wait behind
      * it). With every slot taken it waits on one, at most a second (or the session's own
      * lock_timeout), then claims without one: a slot held by a stuck or foreign session slows
-     * claims, never stops them. The setting is parsed strictly (ASCII digits, spaces around):
-     * anything else counts as the default, so no value can make the cast fail every claim. */
+     * claims, never stops them. A claim waiting for a slot holds its statement's snapshot, and
+     * with it the old row versions at the head of "@T_due" that every claim steps over (13
+     * claims waited at once during an 8-process drain): its row of c_settled -1 tells the
+     * dispatcher to keep one claim in flight instead of two for a while (dispatcher_claim.c).
+     * The setting is parsed strictly (ASCII digits, spaces around): anything else counts as
+     * the default, so no value can make the cast fail every claim. */
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
-    " s_error text[], p_next boolean) RETURNS TABLE (c_id text, c_topic text, c_payload text, c_key text,"
-    " c_last_error text, c_lease_token text, c_status text, c_attempts integer,"
+    " s_error text[], p_next boolean, p_tell_wait boolean) RETURNS TABLE (c_id text,"
+    " c_topic text, c_payload text, c_key text, c_last_error text, c_lease_token text,"
+    " c_status text, c_attempts integer,"
     " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
     " c_lease_expires_at float8, c_settled integer)"
     " LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off"
@@ -183,7 +193,7 @@ static const char *const migrations[] = {
     " AS $f$\n"
     "DECLARE processing constant text := 'processing';\n"
     " slots_text text; slots integer; slot integer; tkey integer; user_timeout text;\n"
-    " claimed bigint;\n"
+    " claimed bigint; waited boolean := false;\n"
     "BEGIN\n"
     "  IF p_limit > 0 THEN\n"
     "    slots_text := btrim(coalesce(current_setting('relaybus.claim_slots', true), ''));\n"
@@ -195,6 +205,7 @@ static const char *const migrations[] = {
     "        slot := slot + 1;\n"
     "      END LOOP;\n"
     "      IF slot = slots THEN\n"
+    "        waited := true;\n"
     "        user_timeout := current_setting('lock_timeout');\n"
     "        IF user_timeout = '0' THEN PERFORM set_config('lock_timeout', '1s', true); END IF;\n"
     "        BEGIN\n"
@@ -240,11 +251,25 @@ static const char *const migrations[] = {
     "     (SELECT date_part('epoch', " DUE ") - date_part('epoch', now()) FROM \"@T\" WHERE " LIVE
     "      ORDER BY " DUE ", id LIMIT 1), NULL::float8, NULL::float8, 0;\n"
     "  END IF;\n"
+    "  IF p_tell_wait AND waited THEN\n"
+    "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,"
+    " NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8,"
+    " NULL::float8, NULL::float8, -1;\n"
+    "  END IF;\n"
     "  END IF;\n"
     "END\n"
     "$f$;\n"
-    /* The arguments of 3 to 5, which a relaybus before 6 calls: the same function, without the
-     * row of p_next. */
+    /* The arguments of 6 (p_next, no p_tell_wait) and of 3 to 5, which an older relaybus
+     * calls: the same function, without the rows they do not know. */
+    "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
+    " s_error text[], p_next boolean) RETURNS TABLE (c_id text, c_topic text, c_payload text,"
+    " c_key text, c_last_error text, c_lease_token text, c_status text, c_attempts integer,"
+    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
+    " c_lease_expires_at float8, c_settled integer) LANGUAGE sql AS $f$\n"
+    "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
+    " s_delay, s_error, p_next, false)\n"
+    "$f$;\n"
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
     " s_error text[]) RETURNS TABLE (c_id text, c_topic text, c_payload text, c_key text,"
@@ -252,7 +277,7 @@ static const char *const migrations[] = {
     " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
     " c_lease_expires_at float8, c_settled integer) LANGUAGE sql AS $f$\n"
     "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
-    " s_delay, s_error, false)\n"
+    " s_delay, s_error, false, false)\n"
     "$f$;\n"
     /* An update that makes a delivery due sooner wakes idle dispatchers as an insert does
      * (the trigger of 2): a settle that hands a delivery back or schedules its retry, a kick,
@@ -271,10 +296,10 @@ const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_ENQ] = "SELECT id::text FROM \"@T_enq\"($1::text[], $2::text[], $3::text[],"
                " $4::float8[], $5::float8[], $6::integer[]) AS id",
     [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
-                 " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true)",
+                 " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true, true)",
     [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"
                   " 0::float8, NULL::text, $1::bigint[], $2::text[], $3::integer[], $4::float8[],"
-                  " $5::text[], false)",
+                  " $5::text[], false, false)",
     [ST_GET] = "SELECT " COLS " FROM \"@T\" WHERE id = $1::bigint",
     [ST_LACQ] =
         "INSERT INTO \"@T_leases\" AS l (name, token, expires_at)"

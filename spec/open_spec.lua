@@ -43,9 +43,10 @@ local function runs_both(store, ids)
   for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
 end
 
--- The arguments of PostgreSQL's claim function since schema 6, and those of schemas 3 to 5 (what
--- an older relaybus calls; since 6 a wrapper of the other).
-local CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[], boolean)"
+-- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of
+-- schemas 3 to 5 (what an older relaybus calls; since 7 both are wrappers of the first).
+local CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[], boolean, boolean)"
+local V6_CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[], boolean)"
 local OLD_CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[])"
 
 -- A column of the claim function of PostgreSQL table t (of the arguments `args`, by default
@@ -68,19 +69,49 @@ local function exec_all(store, ...)
   end))
 end
 
--- Brings PostgreSQL table t back to what schema 5 left: the claim function of nine arguments
--- (today's text without p_next and its next-due row), no trigger on updates.
-local function back_to_version_5(store, t)
+-- s with the plain text `old` (which must be there) replaced by `new`, once.
+local function replace(s, old, new)
+  local a = assert(s:find(old, 1, true), old)
+  return s:sub(1, a - 1) .. new .. s:sub(a + #old)
+end
+
+-- Brings PostgreSQL table t back to what schema 6 left: the claim function of ten arguments
+-- (today's text without p_tell_wait and its row about claim slots), the one of nine its
+-- wrapper.
+local function back_to_version_6(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
+  def = replace(def, ", p_next boolean, p_tell_wait boolean)", ", p_next boolean)")
+  def = replace(def, " waited boolean := false;", "")
+  def = replace(def, "        waited := true;\n", "")
+  local from = assert(def:find("  IF p_tell_wait AND waited THEN\n", 1, true), def)
+  local _, to = assert(def:find("\n  END IF;\n", from, true))
+  def = def:sub(1, from - 1) .. def:sub(to + 1)
+  local wrapper = claim_function(store, t, "pg_get_functiondef(oid)", OLD_CLAIM_ARGS)
+  local n
+  wrapper, n = wrapper:gsub("s_error, false, false%)", "s_error, false)")
+  assert.equal(1, n, wrapper)
+  exec_all(store, def, wrapper, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
+    "UPDATE relaybus_schema SET version = 6 WHERE table_name = '" .. t .. "'")
+  assert.equal("", claim_function(store, t, "prosrc"))
+  local src = claim_function(store, t, "prosrc", V6_CLAIM_ARGS)
+  assert.truthy(src:find("p_next", 1, true), src)
+  assert.is_nil(src:find("waited", 1, true), src)
+end
+
+-- Brings PostgreSQL table t back to what schema 5 left: the claim function of nine arguments
+-- (the text of 6 without p_next and its next-due row), no trigger on updates.
+local function back_to_version_5(store, t)
+  back_to_version_6(store, t)
+  local def = claim_function(store, t, "pg_get_functiondef(oid)", V6_CLAIM_ARGS)
   local args_at = assert(def:find(", p_next boolean)", 1, true), def)
   def = def:sub(1, args_at - 1) .. ")" .. def:sub(args_at + #", p_next boolean)")
   local from = assert(def:find("  GET DIAGNOSTICS claimed", 1, true), def)
   local _, to = assert(def:find("\n  END IF;\n", from, true))
   def = def:sub(1, from - 1) .. def:sub(to + 1)
-  exec_all(store, def, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
+  exec_all(store, def, 'DROP FUNCTION "' .. t .. '_claim"' .. V6_CLAIM_ARGS,
     'DROP TRIGGER "' .. t .. '_sooner" ON "' .. t .. '"',
     "UPDATE relaybus_schema SET version = 5 WHERE table_name = '" .. t .. "'")
-  assert.equal("", claim_function(store, t, "prosrc"))
+  assert.equal("", claim_function(store, t, "prosrc", V6_CLAIM_ARGS))
   assert.is_nil(claim_function(store, t, "prosrc", OLD_CLAIM_ARGS):find("p_next", 1, true))
 end
 
@@ -103,7 +134,7 @@ local function claims_then_migrates(url, store, t, version)
   store:close()
   local s, err = relaybus.open(url, { table = t, migrate = false })
   assert.is_nil(s)
-  assert.truthy(err:find("version " .. version .. ", this relaybus needs 6 (run relaybus migrate)", 1, true), err)
+  assert.truthy(err:find("version " .. version .. ", this relaybus needs 7 (run relaybus migrate)", 1, true), err)
   return assert(relaybus.open(url, { table = t }))
 end
 
@@ -329,7 +360,7 @@ print("RAN " .. table.concat(ran, ","))
         end)
       end
       if entry.name == "postgresql" then
-        it("postgresql: a table of schema version 2 is refused without migrate and brought to 6 by open; its deliveries then run", function()
+        it("postgresql: a table of schema version 2 is refused without migrate and brought to 7 by open; its deliveries then run", function()
           local url = entry.url()
           local t = S.unique("v2")
           local store = assert(relaybus.open(url, { table = t }))
@@ -342,7 +373,7 @@ print("RAN " .. table.concat(ran, ","))
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
           H.one_line(err)
-          assert.truthy(err:find("version 2, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 2, this relaybus needs 7 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           runs_both(store, ids)
           store:close()
@@ -364,7 +395,7 @@ print("RAN " .. table.concat(ran, ","))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
-          assert.truthy(err:find("version 3, this relaybus needs 6 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 3, this relaybus needs 7 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local c = settings()
           for _, want in ipairs { "plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_nestloop=off", "enable_sort=off",
@@ -424,6 +455,44 @@ print("RAN " .. table.concat(ran, ","))
           assert.equal(0, tonumber(next_rows[1].c_settled))
           local in_s = tonumber(next_rows[1].c_run_at)
           assert.truthy(in_s > 20 and in_s <= 30, tostring(in_s))
+          runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
+          store:close()
+        end)
+        it("postgresql: a table of schema version 6 is refused without migrate and migrated by open; the claim of a relaybus of 6 goes on beside it and gets no row about claim slots", function()
+          local url = entry.url()
+          local t = S.unique("v6")
+          local store = assert(relaybus.open(url, { table = t }))
+          back_to_version_6(store, t)
+          store = claims_then_migrates(url, store, t, 6)
+          assert.truthy(claim_function(store, t, "prosrc", V6_CLAIM_ARGS):find("p_next, false", 1, true))
+          -- another session holds both claim slots (session locks): each claim below waits a
+          -- second for one, then claims without it
+          local holder = assert(relaybus.open(url, { table = t }))
+          assert(holder:transaction(function(tx)
+            return tx:query("SELECT pg_advisory_lock(k, 0), pg_advisory_lock(k, 1) FROM"
+              .. " (SELECT (($1)::regclass::oid::bigint - 2147483648)::integer AS k) AS x", t)
+          end))
+          local function claim(args_sql)
+            assert(store:enqueue("old", {}))
+            local ok, rows = store:transaction(function(tx)
+              return tx:query('SELECT c_id, c_settled FROM "' .. t .. '_claim"(ARRAY[\'old\'], 1, 30,'
+                .. " 'tok', NULL, NULL, NULL, NULL, NULL" .. args_sql .. ")")
+            end)
+            assert.is_true(ok, rows)
+            local got, told = 0, 0
+            for _, r in ipairs(rows) do
+              if r.c_settled == nil then got = got + 1
+              elseif tonumber(r.c_settled) == -1 then told = told + 1 end
+            end
+            assert.equal(1, got, "the claim claimed " .. got)
+            return told
+          end
+          assert.equal(0, claim(", true"))              -- a relaybus of 6
+          assert.equal(0, claim(""))                    -- of 3 to 5
+          assert.equal(1, claim(", true, true"))        -- this one: told
+          assert.equal(0, claim(", true, false"))
+          holder:close()                                -- the slots are free again
+          assert.equal(0, claim(", true, true"))
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)

@@ -4,8 +4,8 @@
 -- slot after a second or the session's lock_timeout; nothing is lost or run twice), a claim
 -- waiting for a slot must hold no row (a keyed enqueue of a delivery it settles would wait), a
 -- table of the same name in another schema has slots of its own, dispatchers racing for one
--- slot, and settings that are not a number of slots (claims go on). RELAYBUS_TEST_PG only: the
--- slots are PostgreSQL's.
+-- slot, a dispatcher whose claims wait (it keeps one in flight, not two), and settings that
+-- are not a number of slots (claims go on). RELAYBUS_TEST_PG only: the slots are PostgreSQL's.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local F = require "spec.support.fault_util"
@@ -299,6 +299,41 @@ if entry then
         holder:close()
       end)
     end
+
+    it("a dispatcher whose claim found every slot taken keeps one claim in flight, not two, while the slots stay taken", function()
+      local store, url, opts, t = S.open(entry)
+      local s = assert(relaybus.open(with_slots(url, "1"), opts))
+      local holder = assert(relaybus.open(url, opts))
+      local ids = H.fill(store, "t", 200)
+      -- the claims of s waiting for a slot, every 50 ms while the holder has the only one
+      local most, waited, samples = 0, 0, 0
+      local sampling = true
+      relaybus.spawn(function()
+        while sampling do
+          local ok, rows = store:transaction(function(tx)
+            return tx:query("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+              .. " AND wait_event = 'advisory' AND query LIKE $1", '%"' .. t .. '_claim"%')
+          end)
+          assert.is_true(ok, rows)
+          local n = tonumber(rows[1].n)
+          samples = samples + 1
+          if n > most then most = n end
+          if n > 0 then waited = waited + 1 end
+          relaybus.sleep(0.05)
+        end
+      end)
+      -- each claim waits a second for the slot, then claims without it: a backlog all along
+      local ok, ran, _, held = drain_while_held(s, holder, t, { 0 }, 4, 200, 30)
+      sampling = false
+      assert.is_true(ok, "the drain did not end")
+      each_once(ids, ran)
+      assert.is_true(waited >= 10, string.format("claims were seen waiting in %d of %d samples", waited, samples))
+      assert.equal(1, most, "claims of one dispatcher waited for a slot side by side")
+      relaybus.run()
+      assert.is_number(held.released)
+      s:close()
+      holder:close()
+    end)
 
     it("three dispatchers on their own connections racing for one slot run 600 deliveries each once", function()
       local store, url, opts = S.open(entry)
