@@ -348,7 +348,7 @@ else
     fi
     # Huge tables: 10,000,000 settled and 1,000,000 future rows beside an empty table.
     if ! skipped huge; then
-        bench 1800 bench/huge_table.lua "$PG_URL" 10000000 1000000 50000 300
+        bench 1800 bench/huge_table.lua "$PG_URL" 10000000 1000000 50000 2000
     fi
     # Sustained load: 3,000/s enqueued by another process for RELAYBUS_BENCH_SUSTAINED seconds
     # (default 600), 2 worker processes, retention 60 s; the chart goes to bench/out/.

@@ -265,7 +265,7 @@ struct rb_store {
      * quiet_until is ignored from then on, until the store has a new listener. */
     int deaf;
     /* Set by a store whose claims wait in the server for a claim slot (PostgreSQL's claim
-     * slots, docs/stores.md) when a claim found every slot taken: the monotonic time until
+     * slots, docs/stores.md) when a claim waited for a slot and got it: the monotonic time until
      * which the dispatchers on it keep one claim in flight instead of claim_parallelism. A
      * waiting claim holds its snapshot, and with it old row versions every claim steps over. */
     double crowded_until;

@@ -775,7 +775,7 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
     return d;
 }
 
-/* How long a claim that found every claim slot taken keeps the dispatchers on this store at
+/* How long a claim that waited for a claim slot and got it keeps the dispatchers on this store at
  * one claim in flight (store.h, crowded_until): long enough that a few processes settle at one
  * claim each, which then all find a slot, before they try two again. */
 #define CROWDED_HOLD 10.0
@@ -783,8 +783,8 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
 /* A claim's last rows may be its own reports, after the deliveries (store_pg_schema.c,
  * migration 7): the next-due row (c_settled 0, c_run_at the seconds until the earliest live
  * delivery falls due), which sets base.quiet_until for the callback that follows (every
- * claim's answer sets it; 0: unknown), and the row of c_settled -1, which says the claim found
- * every claim slot taken and sets base.crowded_until. The next-due row counts only when the
+ * claim's answer sets it; 0: unknown), and the row of c_settled -1, which says the claim got
+ * its claim slot only after waiting for it and sets base.crowded_until. The next-due row counts only when the
  * listener was listening from the claim's making to its answer: a NOTIFY missed meanwhile
  * could be of a delivery due sooner. Returns the rows before them. */
 static int claim_rows(pg_op *op, PGresult *res)

@@ -146,7 +146,7 @@ static const char *const migrations[] = {
      * claimed fewer than p_limit, one row with c_settled 0: c_run_at is the seconds until the
      * earliest live delivery of the table falls due (its run_at, or its lease's expiry; NULL
      * when none is live), read from the head of "@T_due"; and when p_tell_wait is true and
-     * it found every claim slot taken (below), one row with c_settled -1. A dispatcher that
+     * it got its claim slot only after waiting for it (below), one row with c_settled -1. A dispatcher that
      * hears every insert and every update that makes a delivery due sooner (the triggers of 2
      * and 7, on its LISTEN connection) sleeps until then instead of polling. With p_limit 0 it
      * only settles: ST_SETTLE is this function too, so every fenced write runs under the same
@@ -177,8 +177,11 @@ static const char *const migrations[] = {
      * lock_timeout), then claims without one: a slot held by a stuck or foreign session slows
      * claims, never stops them. A claim waiting for a slot holds its statement's snapshot, and
      * with it the old row versions at the head of "@T_due" that every claim steps over (13
-     * claims waited at once during an 8-process drain): its row of c_settled -1 tells the
-     * dispatcher to keep one claim in flight instead of two for a while (dispatcher_claim.c).
+     * claims waited at once during an 8-process drain): a claim that waited and got a slot
+     * (the claims beside it are many, not stuck) returns a row of c_settled -1, which tells
+     * the dispatcher to keep one claim in flight instead of two for a while
+     * (dispatcher_claim.c). One that gave up waiting says nothing: behind a stuck holder a
+     * single claim in flight would only halve what still gets claimed.
      * The setting is parsed strictly (ASCII digits, spaces around): anything else counts as
      * the default, so no value can make the cast fail every claim. */
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
@@ -205,11 +208,11 @@ static const char *const migrations[] = {
     "        slot := slot + 1;\n"
     "      END LOOP;\n"
     "      IF slot = slots THEN\n"
-    "        waited := true;\n"
     "        user_timeout := current_setting('lock_timeout');\n"
     "        IF user_timeout = '0' THEN PERFORM set_config('lock_timeout', '1s', true); END IF;\n"
     "        BEGIN\n"
     "          PERFORM pg_advisory_xact_lock(tkey, floor(random() * slots)::integer);\n"
+    "          waited := true;\n"
     "        EXCEPTION WHEN lock_not_available THEN\n"
     "          NULL;\n"
     "        END;\n"
@@ -285,7 +288,15 @@ static const char *const migrations[] = {
     "DROP TRIGGER IF EXISTS \"@T_sooner\" ON \"@T\";\n"
     "CREATE TRIGGER \"@T_sooner\" AFTER UPDATE ON \"@T\" FOR EACH ROW"
     " WHEN (NEW.status = 'pending' AND (OLD.status <> 'pending' OR NEW.run_at < OLD.run_at))"
-    " EXECUTE FUNCTION \"@T_notify\"();\n",
+    " EXECUTE FUNCTION \"@T_notify\"();\n"
+    /* Every claim and every completion leaves a dead entry at the head of "@T_due", and only
+     * VACUUM removes them; each claim and each next-due read walks over them first (on a
+     * table of 10,000,000 settled rows, 150,000 deliveries run left 578 pages of them: an idle
+     * claim took 0.8 ms instead of 0.25). Autovacuum's default waits for dead rows of a fifth
+     * of the table (2,000,000 on that table), and since PostgreSQL 14 skips the indexes when
+     * few pages hold dead rows: so a fixed threshold, and the indexes always vacuumed. */
+    "ALTER TABLE \"@T\" SET (autovacuum_vacuum_scale_factor = 0,"
+    " autovacuum_vacuum_threshold = 10000, vacuum_index_cleanup = true);\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 

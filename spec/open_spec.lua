@@ -75,14 +75,25 @@ local function replace(s, old, new)
   return s:sub(1, a - 1) .. new .. s:sub(a + #old)
 end
 
+-- The autovacuum settings of PostgreSQL table t (schema 7), as "name=value" joined by spaces
+-- in their order, or "" when it has none.
+local VACUUM_SETTINGS = "autovacuum_vacuum_scale_factor=0 autovacuum_vacuum_threshold=10000 vacuum_index_cleanup=true"
+local function vacuum_settings(store, t)
+  local ok, rows = store:transaction(function(tx)
+    return tx:query("SELECT array_to_string(reloptions, ' ') AS o FROM pg_class WHERE oid = ($1)::regclass", t)
+  end)
+  assert.is_true(ok, rows)
+  return rows[1].o or ""
+end
+
 -- Brings PostgreSQL table t back to what schema 6 left: the claim function of ten arguments
 -- (today's text without p_tell_wait and its row about claim slots), the one of nine its
--- wrapper.
+-- wrapper, and autovacuum's defaults.
 local function back_to_version_6(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, ", p_next boolean, p_tell_wait boolean)", ", p_next boolean)")
   def = replace(def, " waited boolean := false;", "")
-  def = replace(def, "        waited := true;\n", "")
+  def = replace(def, "          waited := true;\n", "")
   local from = assert(def:find("  IF p_tell_wait AND waited THEN\n", 1, true), def)
   local _, to = assert(def:find("\n  END IF;\n", from, true))
   def = def:sub(1, from - 1) .. def:sub(to + 1)
@@ -91,7 +102,10 @@ local function back_to_version_6(store, t)
   wrapper, n = wrapper:gsub("s_error, false, false%)", "s_error, false)")
   assert.equal(1, n, wrapper)
   exec_all(store, def, wrapper, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
+    'ALTER TABLE "' .. t .. '" RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,'
+      .. " vacuum_index_cleanup)",
     "UPDATE relaybus_schema SET version = 6 WHERE table_name = '" .. t .. "'")
+  assert.equal("", vacuum_settings(store, t))
   assert.equal("", claim_function(store, t, "prosrc"))
   local src = claim_function(store, t, "prosrc", V6_CLAIM_ARGS)
   assert.truthy(src:find("p_next", 1, true), src)
@@ -135,7 +149,9 @@ local function claims_then_migrates(url, store, t, version)
   local s, err = relaybus.open(url, { table = t, migrate = false })
   assert.is_nil(s)
   assert.truthy(err:find("version " .. version .. ", this relaybus needs 7 (run relaybus migrate)", 1, true), err)
-  return assert(relaybus.open(url, { table = t }))
+  s = assert(relaybus.open(url, { table = t }))
+  assert.equal(VACUUM_SETTINGS, vacuum_settings(s, t))
+  return s
 end
 
 describe("opening a store", function()
@@ -458,22 +474,32 @@ print("RAN " .. table.concat(ran, ","))
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)
-        it("postgresql: a table of schema version 6 is refused without migrate and migrated by open; the claim of a relaybus of 6 goes on beside it and gets no row about claim slots", function()
+        it("postgresql: a table of schema version 6 is refused without migrate and migrated by open (claim slots told, autovacuum settings); the claim of a relaybus of 6 goes on beside it and gets no row about claim slots", function()
           local url = entry.url()
           local t = S.unique("v6")
           local store = assert(relaybus.open(url, { table = t }))
+          assert.equal(VACUUM_SETTINGS, vacuum_settings(store, t))   -- a new table has them
           back_to_version_6(store, t)
           store = claims_then_migrates(url, store, t, 6)
           assert.truthy(claim_function(store, t, "prosrc", V6_CLAIM_ARGS):find("p_next, false", 1, true))
-          -- another session holds both claim slots (session locks): each claim below waits a
-          -- second for one, then claims without it
+          -- A claim of one delivery with the arguments args_sql after the nine, while another
+          -- session holds both claim slots for held_for seconds (none: nobody holds them):
+          -- returns how many rows told it that it got its slot after waiting.
           local holder = assert(relaybus.open(url, { table = t }))
-          assert(holder:transaction(function(tx)
-            return tx:query("SELECT pg_advisory_lock(k, 0), pg_advisory_lock(k, 1) FROM"
-              .. " (SELECT (($1)::regclass::oid::bigint - 2147483648)::integer AS k) AS x", t)
-          end))
-          local function claim(args_sql)
+          local function claim(args_sql, held_for)
             assert(store:enqueue("old", {}))
+            local held = not held_for
+            if held_for then
+              relaybus.spawn(function()
+                assert(holder:transaction(function(tx)
+                  assert(tx:query("SELECT pg_advisory_xact_lock(k, 0), pg_advisory_xact_lock(k, 1) FROM"
+                    .. " (SELECT (($1)::regclass::oid::bigint - 2147483648)::integer AS k) AS x", t))
+                  held = true
+                  relaybus.sleep(held_for)
+                end))
+              end)
+              while not held do relaybus.sleep(0.005) end
+            end
             local ok, rows = store:transaction(function(tx)
               return tx:query('SELECT c_id, c_settled FROM "' .. t .. '_claim"(ARRAY[\'old\'], 1, 30,'
                 .. " 'tok', NULL, NULL, NULL, NULL, NULL" .. args_sql .. ")")
@@ -487,12 +513,16 @@ print("RAN " .. table.concat(ran, ","))
             assert.equal(1, got, "the claim claimed " .. got)
             return told
           end
-          assert.equal(0, claim(", true"))              -- a relaybus of 6
-          assert.equal(0, claim(""))                    -- of 3 to 5
-          assert.equal(1, claim(", true, true"))        -- this one: told
-          assert.equal(0, claim(", true, false"))
-          holder:close()                                -- the slots are free again
-          assert.equal(0, claim(", true, true"))
+          -- held for less than the second a claim waits: each waits, then gets a slot
+          assert.equal(0, claim(", true", 0.3))         -- a relaybus of 6
+          assert.equal(0, claim("", 0.3))               -- of 3 to 5
+          assert.equal(1, claim(", true, true", 0.3))   -- this one: told
+          assert.equal(0, claim(", true, false", 0.3))
+          -- held for longer: the claim gives up waiting and claims without a slot, untold
+          assert.equal(0, claim(", true, true", 1.5))
+          relaybus.run()                                -- the holder's transaction ends
+          assert.equal(0, claim(", true, true"))        -- the slots free: no wait
+          holder:close()
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)

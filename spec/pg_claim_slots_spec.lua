@@ -4,8 +4,8 @@
 -- slot after a second or the session's lock_timeout; nothing is lost or run twice), a claim
 -- waiting for a slot must hold no row (a keyed enqueue of a delivery it settles would wait), a
 -- table of the same name in another schema has slots of its own, dispatchers racing for one
--- slot, a dispatcher whose claims wait (it keeps one in flight, not two), and settings that
--- are not a number of slots (claims go on). RELAYBUS_TEST_PG only: the slots are PostgreSQL's.
+-- slot, a dispatcher whose claims wait (one in flight when they get the slot, two when they
+-- give up), and settings that are not a number of slots (claims go on). RELAYBUS_TEST_PG only: the slots are PostgreSQL's.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local F = require "spec.support.fault_util"
@@ -300,12 +300,11 @@ if entry then
       end)
     end
 
-    it("a dispatcher whose claim found every slot taken keeps one claim in flight, not two, while the slots stay taken", function()
-      local store, url, opts, t = S.open(entry)
-      local s = assert(relaybus.open(with_slots(url, "1"), opts))
-      local holder = assert(relaybus.open(url, opts))
-      local ids = H.fill(store, "t", 200)
-      -- the claims of s waiting for a slot, every 50 ms while the holder has the only one
+    -- Drains `want` deliveries with a dispatcher on store s (claim_slots 1) while
+    -- `hold(go, state)`, run in a task, holds the slot in its own way (it calls go() once it
+    -- holds it first; state.draining is true until the drain ends), and samples every 50 ms how
+    -- many claims of table t wait for a slot. Returns the most seen at once.
+    local function claims_waiting(s, store, t, ids, want, hold)
       local most, waited, samples = 0, 0, 0
       local sampling = true
       relaybus.spawn(function()
@@ -322,15 +321,53 @@ if entry then
           relaybus.sleep(0.05)
         end
       end)
-      -- each claim waits a second for the slot, then claims without it: a backlog all along
-      local ok, ran, _, held = drain_while_held(s, holder, t, { 0 }, 4, 200, 30)
-      sampling = false
+      local state = { draining = true }
+      local ok, ran = drain({ s }, want, 30, function(go) hold(go, state) end)
+      sampling, state.draining = false, false
       assert.is_true(ok, "the drain did not end")
       each_once(ids, ran)
+      relaybus.run()      -- the holder's last transaction ends
       assert.is_true(waited >= 10, string.format("claims were seen waiting in %d of %d samples", waited, samples))
+      return most
+    end
+
+    it("a dispatcher whose claims wait for a slot and get it (another session takes it in turns) keeps one claim in flight, not two", function()
+      local store, url, opts, t = S.open(entry)
+      local s = assert(relaybus.open(with_slots(url, "1"), opts))
+      local holder = assert(relaybus.open(url, opts))
+      local ids = H.fill(store, "t", 100)
+      local most = claims_waiting(s, store, t, ids, 100, function(go, state)
+        -- held for 0.2 s at a time, less than the second a claim waits: each claim that
+        -- waits gets the slot, and the holder's next turn waits behind it
+        local first = true
+        while state.draining do
+          assert(holder:transaction(function(tx)
+            assert(tx:query(slot_locks_sql({ 0 }), t))
+            if first then first = false; go() end
+            relaybus.sleep(0.2)
+          end))
+        end
+      end)
       assert.equal(1, most, "claims of one dispatcher waited for a slot side by side")
-      relaybus.run()
-      assert.is_number(held.released)
+      s:close()
+      holder:close()
+    end)
+
+    it("a dispatcher whose claims give up waiting for a slot (held by a stuck session) keeps two claims in flight", function()
+      local store, url, opts, t = S.open(entry)
+      local s = assert(relaybus.open(with_slots(url, "1"), opts))
+      local holder = assert(relaybus.open(url, opts))
+      local ids = H.fill(store, "t", 60)
+      -- each claim waits a second for the slot, then claims without it: behind a stuck holder
+      -- one claim in flight would only halve what gets claimed
+      local most = claims_waiting(s, store, t, ids, 60, function(go)
+        assert(holder:transaction(function(tx)
+          assert(tx:query(slot_locks_sql({ 0 }), t))
+          go()
+          relaybus.sleep(5)
+        end))
+      end)
+      assert.equal(2, most, "the claims of one dispatcher never waited for a slot side by side")
       s:close()
       holder:close()
     end)
