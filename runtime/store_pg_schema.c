@@ -424,6 +424,19 @@ static int schema_version(PGconn *pq, const char *table)
     return v;
 }
 
+/* Whether the deliveries table is missing (on the search path), though relaybus_schema may
+ * still hold its row: a table dropped by hand, its version left behind. */
+static int table_missing(PGconn *pq, const char *table)
+{
+    const char *p[1] = {table};
+    PGresult *r = PQexecParams(pq, "SELECT to_regclass(quote_ident($1)) IS NULL", 1, NULL, p,
+                               NULL, NULL, 0);
+    int missing = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+                  strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return missing;
+}
+
 /* Brings the schema up to date in one transaction. The advisory lock serialises concurrent
  * opens: CREATE ... IF NOT EXISTS alone races on the catalog. */
 int rb_pg_migrate(PGconn *pq, const char *table, char *err, size_t errlen)
@@ -434,6 +447,7 @@ int rb_pg_migrate(PGconn *pq, const char *table, char *err, size_t errlen)
                          " version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())",
                      err, errlen, "(creating relaybus_schema)");
     int v = ok ? schema_version(pq, table) : 0;
+    if (ok && v >= 0 && table_missing(pq, table)) v = -1;   /* made again from the start */
     for (int i = v < 0 ? 0 : v; ok && i < PG_SCHEMA_VERSION; i++) {
         char *sql = rb_pg_subst_table(migrations[i], table);
         char what[64];
@@ -486,6 +500,11 @@ int rb_pg_check_schema(PGconn *pq, const char *table, char *err, size_t errlen)
         }
     }
     PQclear(r);
+    if (v >= 0 && table_missing(pq, table)) {
+        snprintf(err, errlen, "postgresql: no table %s in this database, though relaybus_schema "
+                 "records version %d of it (was it dropped? run relaybus migrate)", table, v);
+        return 0;
+    }
     if (v >= PG_SCHEMA_VERSION) return 1;
     if (v < 0)
         snprintf(err, errlen, "postgresql: no relaybus schema here (run relaybus migrate): no "

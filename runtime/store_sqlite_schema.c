@@ -141,11 +141,27 @@ static int schema_version(sqlite3 *db, const char *table)
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? v : -1;
 }
 
+/* Runs a migration's statements in turn. An ADD COLUMN of a column that is there already
+ * counts as done (SQLite has no ADD COLUMN IF NOT EXISTS): a deliveries table dropped by hand
+ * is made again from the first migration beside the leases table it left, whose columns the
+ * later ones added then. */
 static int exec_template(sqlite3 *db, const char *tmpl, const char *table)
 {
     char *sql = rb_sqlite_expand(tmpl, table);
     if (!sql) return SQLITE_NOMEM;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    int rc = SQLITE_OK;
+    for (const char *next = sql; rc == SQLITE_OK && *next;) {
+        sqlite3_stmt *st = NULL;
+        rc = sqlite3_prepare_v2(db, next, -1, &st, &next);
+        if (rc == SQLITE_ERROR && strncmp(sqlite3_errmsg(db), "duplicate column name", 21) == 0) {
+            rc = SQLITE_OK;     /* (SQLite refuses such an ALTER when preparing it) */
+            continue;
+        }
+        if (rc != SQLITE_OK || !st) break;      /* an error, or only spaces were left */
+        int step = sqlite3_step(st);
+        if (step != SQLITE_DONE && step != SQLITE_ROW) rc = step;
+        sqlite3_finalize(st);
+    }
     free(sql);
     return rc;
 }
@@ -213,12 +229,26 @@ static void fast_check(sqlite3 *db, const char *table)
     sqlite3_exec(db, "PRAGMA writable_schema = OFF", NULL, NULL, NULL);
 }
 
+/* Whether the deliveries table is missing, though relaybus_schema may still hold its row: a
+ * table dropped by hand, its version left behind. */
+static int table_missing(sqlite3 *db, const char *table)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                           -1, &st, NULL) != SQLITE_OK) return 0;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    int missing = sqlite3_step(st) == SQLITE_DONE;
+    sqlite3_finalize(st);
+    return missing;
+}
+
 /* Applies the migrations this table lacks, in one transaction; idempotent. */
 static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
 {
     /* Current already (the usual case): a read says so, and no write lock is taken -- a
      * worker restarting beside a busy one must not queue for the single writer. */
-    if (schema_version(db, table) == SCHEMA_VERSION && !has_slow_check(db, table)) return 0;
+    if (schema_version(db, table) == SCHEMA_VERSION && !has_slow_check(db, table) &&
+        !table_missing(db, table)) return 0;
     int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
                           " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
     int v = rc == SQLITE_OK ? schema_version(db, table) : -1;
@@ -229,6 +259,7 @@ static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
         return -1;
     }
     if (v < 0) rc = rc == SQLITE_OK ? SQLITE_ERROR : rc;
+    if (v > 0 && table_missing(db, table)) v = 0;      /* made again from the start */
     for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++)
         rc = exec_template(db, migrations[i], table);
     if (rc == SQLITE_OK && v < SCHEMA_VERSION) rc = record_version(db, table);
@@ -248,6 +279,11 @@ static int check_schema(sqlite3 *db, const char *path, const char *table, char *
                         size_t errlen)
 {
     int v = schema_version(db, table);
+    if (v > 0 && table_missing(db, table)) {
+        snprintf(err, errlen, "sqlite: no table '%s' in '%s', though relaybus_schema records "
+                 "version %d of it (was it dropped? run relaybus migrate)", table, path, v);
+        return -1;
+    }
     if (v == SCHEMA_VERSION) return 0;
     int code = sqlite3_errcode(db);
     if (v < 0 && code != SQLITE_ERROR)     /* not a missing table: not a database, I/O... */
