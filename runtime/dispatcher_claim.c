@@ -67,11 +67,36 @@ static size_t ahead_room(const rb_dispatcher *d, const lane *ln)
         return 0;
     if (ln->ahead_head && now - ln->ahead_head->claimed_at > stale)
         return 0;       /* what it claimed ahead does not start (other lanes hold the slots) */
-    if (ln->handed_back_at > 0 && now - ln->handed_back_at < d->opt.lease_duration)
-        return 0;       /* it claimed more than started in time (a short lease): not for a lease */
     double most = (double)d->opt.claim_ahead * (double)ln->limit;
+    if ((double)ln->ahead_cap < most) most = (double)ln->ahead_cap;
     double n = (double)ln->limit * d->claim_time / fmax(ln->run_time, 1e-6);
     return n >= most ? (size_t)most : (size_t)n;
+}
+
+/* A run was handed back unrun because it could not start within its lease (claimed ahead
+ * behind slower runs, or answered too late): more was claimed than this process can start in
+ * time (a short lease, a loaded machine). Its claim's room ahead is halved, once per claim
+ * (runs of a claim made before the last cut cut nothing), and grows back by the lane's slots
+ * per claim once a lease has passed without a cut. A pause of one lease alone, with a lease
+ * of 10 ms, still claimed 800 and handed back 750 of them every 10 ms: 49,000 hand-backs for
+ * 3,000 runs, and on a loaded machine 80 runs in 30 s (claim_test). */
+void disp_note_hand_back(rb_dispatcher *d, const rb_run *run)
+{
+    lane *ln = &d->lanes[run->h->lane];
+    if (ln->cut_at > 0 && run->claimed_at <= ln->cut_at) return;
+    size_t had = ln->last_ahead < ln->ahead_cap ? ln->last_ahead : ln->ahead_cap;
+    ln->ahead_cap = had / 2;
+    ln->cut_at = rb_monotonic();
+}
+
+/* Lane ln sends a claim for ahead beyond its slots: its cap grows back once a lease passed
+ * without a hand-back. */
+static void note_claim_ahead(rb_dispatcher *d, lane *ln, size_t ahead)
+{
+    ln->last_ahead = ahead;
+    if (ln->ahead_cap < SIZE_MAX - ln->limit &&
+        rb_monotonic() - ln->cut_at > d->opt.lease_duration)
+        ln->ahead_cap += ln->limit;
 }
 
 /* A run waits for a slot: counted apart from the runs that hold one. */
@@ -167,7 +192,7 @@ void disp_start_ahead(rb_dispatcher *d)
                         continue;
                     }
                     rb_run *run = ahead_take(d, ln, at, prev);
-                    ln->handed_back_at = now;
+                    disp_note_hand_back(d, run);
                     disp_set_settling(run);
                     disp_write_final(run, RB_OP_RELEASE, 0, NULL);
                 }
@@ -471,6 +496,7 @@ static int claim_lane(rb_dispatcher *d, size_t k)
     c->at_net = d->claiming_at_net;
     c->next = d->claims;
     d->claims = c;
+    note_claim_ahead(d, ln, ahead);
     rb_claim_req req = {ln->topics, ln->ntopics, free_slots, d->opt.lease_duration};
     if (!disp_claim_carrying(d, &req, on_claimed, c))
         d->store->vt->claim(d->store, &req, on_claimed, c);
@@ -557,7 +583,7 @@ int disp_make_lanes(rb_dispatcher *d)
             lanes[n++] = (lane){.priority = h->def.priority, .own = h->def.concurrency > 0,
                                 .limit = h->def.concurrency > 0 ? (size_t)h->def.concurrency
                                                                 : (size_t)d->opt.concurrency,
-                                .run_time = -1};
+                                .run_time = -1, .ahead_cap = SIZE_MAX};
         h->lane = k;
         lanes[k].ntopics++;
     }

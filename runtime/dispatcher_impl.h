@@ -48,7 +48,12 @@ typedef struct lane {
     size_t nahead;              /* runs waiting for a slot: queued here, or parked */
     double run_time;            /* moving average of its handlers' run time (s); < 0 unknown */
     double last_end;            /* monotonic s when one of its handlers last ended */
-    double handed_back_at;      /* monotonic s of its last hand-back of a run claimed ahead */
+    /* How much it may claim ahead at most, learnt from hand-backs (dispatcher_claim.c,
+     * disp_note_hand_back): halved by each claim whose runs could not start within their
+     * lease, grown by its slots per claim once a lease passed without one. */
+    size_t ahead_cap;
+    size_t last_ahead;          /* what its last claim asked for beyond its slots */
+    double cut_at;              /* monotonic s when ahead_cap was last halved; 0 never */
 } lane;
 
 /* A run's states, and the only moves between them (set_state checks each in debug builds, in
@@ -204,6 +209,7 @@ void disp_release_ahead(rb_dispatcher *d);
 void disp_count_waiting(rb_dispatcher *d, rb_run *run, int n);
 void disp_unparked(rb_dispatcher *d, rb_run *run);
 void disp_note_run_time(rb_dispatcher *d, size_t lane, double seconds);
+void disp_note_hand_back(rb_dispatcher *d, const rb_run *run);
 void disp_maybe_claim(rb_dispatcher *d);
 handler_entry *disp_find_handler(rb_dispatcher *d, const char *topic);
 void disp_on_poll(struct ev_loop *loop, ev_timer *w, int revents);

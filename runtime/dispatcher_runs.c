@@ -696,9 +696,9 @@ void disp_run_start(rb_run *run)
     if (rb_monotonic() >= run->lease_deadline) {
         /* Claimed too late to run (the answer came after the local deadline, or it was parked
          * until then): hand it back, fenced and without using an attempt. If the lease was
-         * taken over meanwhile, the release changes nothing. It claims nothing ahead for a
-         * lease: more was claimed than could start in time. */
-        d->lanes[run->h->lane].handed_back_at = rb_monotonic();
+         * taken over meanwhile, the release changes nothing. It claims less ahead for a
+         * while: more was claimed than could start in time (disp_note_hand_back). */
+        disp_note_hand_back(d, run);
         disp_set_settling(run);
         disp_write_final(run, RB_OP_RELEASE, 0, NULL);
         return;
