@@ -428,9 +428,12 @@ void rb_dispatcher_free(rb_dispatcher *d)
         disp_settle_free(r);
         run->refs--;
     }
+    disp_unlink_parked(d);
     for (rb_run *run = d->runs, *next; run; run = next) {
         next = run->next;
+        int in_registry = disp_active_find(d->store, run->rec->id) == run;
         disp_active_remove(d->store, run);
+        if (in_registry) disp_hand_on_parked(run);
         disp_stop_clocks(run);
         if (run->retry) {
             disp_settle_free(run->retry);

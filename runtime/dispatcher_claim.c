@@ -74,29 +74,32 @@ static size_t ahead_room(const rb_dispatcher *d, const lane *ln)
 }
 
 /* A run was handed back unrun because it could not start within its lease (claimed ahead
- * behind slower runs, or answered too late): more was claimed than this process can start in
- * time (a short lease, a loaded machine). Its claim's room ahead is halved, once per claim
- * (runs of a claim made before the last cut cut nothing), and grows back by the lane's slots
- * per claim once a lease has passed without a cut. A pause of one lease alone, with a lease
- * of 10 ms, still claimed 800 and handed back 750 of them every 10 ms: 49,000 hand-backs for
- * 3,000 runs, and on a loaded machine 80 runs in 30 s (claim_test). */
+ * behind slower runs, or answered too late): its claim, with the room ahead it asked for,
+ * brought more than this process can start in time (a short lease, a loaded machine). The
+ * lane's room ahead becomes half that claim's, once per claim (runs of a claim made before
+ * the last cut cut nothing), and grows back by the lane's slots once a lease, from a lease
+ * after the cut. Runs whose claim asked nothing ahead, and parked runs, cut nothing. A pause
+ * of one lease alone, with a lease of 10 ms, still claimed 800 and handed back 750 of them
+ * every 10 ms: 49,000 hand-backs for 3,000 runs, and on a loaded machine 80 runs in 30 s
+ * (claim_test). */
 void disp_note_hand_back(rb_dispatcher *d, const rb_run *run)
 {
     lane *ln = &d->lanes[run->h->lane];
+    if (!run->claim_ahead) return;
     if (ln->cut_at > 0 && run->claimed_at <= ln->cut_at) return;
-    size_t had = ln->last_ahead < ln->ahead_cap ? ln->last_ahead : ln->ahead_cap;
+    size_t had = run->claim_ahead < ln->ahead_cap ? run->claim_ahead : ln->ahead_cap;
     ln->ahead_cap = had / 2;
-    ln->cut_at = rb_monotonic();
+    ln->cut_at = ln->grown_at = rb_monotonic();
 }
 
-/* Lane ln sends a claim for ahead beyond its slots: its cap grows back once a lease passed
- * without a hand-back. */
-static void note_claim_ahead(rb_dispatcher *d, lane *ln, size_t ahead)
+/* Before lane ln claims: its room ahead grows back once a lease after a cut. */
+static void grow_ahead_cap(rb_dispatcher *d, lane *ln)
 {
-    ln->last_ahead = ahead;
-    if (ln->ahead_cap < SIZE_MAX - ln->limit &&
-        rb_monotonic() - ln->cut_at > d->opt.lease_duration)
-        ln->ahead_cap += ln->limit;
+    if (ln->ahead_cap == SIZE_MAX) return;      /* never cut */
+    double now = rb_monotonic();
+    if (now - ln->grown_at <= d->opt.lease_duration) return;
+    ln->ahead_cap = ln->ahead_cap < SIZE_MAX - ln->limit ? ln->ahead_cap + ln->limit : SIZE_MAX;
+    ln->grown_at = now;
 }
 
 /* A run waits for a slot: counted apart from the runs that hold one. */
@@ -348,7 +351,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
     d->lanes[c->lane].last_n = err ? 0 : n;
     d->backlog = any_backlog(d);
     double sent_at = c->sent_at;
-    size_t lane_k = c->lane, limit = c->limit;
+    size_t lane_k = c->lane, limit = c->limit, ahead = c->ahead;
     unsigned at_net = c->at_net;
     free(c);
     if (!err) d->claim_time = moving_average(d->claim_time, rb_monotonic() - sent_at);
@@ -379,6 +382,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
             rb_delivery_free(recs[i]);  /* left to its lease: another claim will take it */
             continue;
         }
+        run->claim_ahead = ahead;
         if (d->listeners) {
             rb_event ev = {.kind = RB_EV_CLAIMED, .delivery = run->rec};
             disp_emit(d, &ev);
@@ -389,6 +393,7 @@ static void on_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
              * starts when the earlier one has settled. */
             while (earlier->parked) earlier = earlier->parked;
             earlier->parked = run;
+            run->claim_ahead = 0;               /* waits for its earlier run, not for slots */
             disp_count_waiting(d, run, +1);     /* holds no slot while it waits */
             continue;
         }
@@ -449,6 +454,7 @@ static int claim_lane(rb_dispatcher *d, size_t k)
      * would only double the polling. */
     if (claiming > 0 && !ln->backlog) return 0;
     /* What the lane and the dispatcher may hold: their slots, and what the lane claims ahead. */
+    grow_ahead_cap(d, ln);
     size_t ahead = ahead_room(d, ln);
     size_t lane_limit = ln->limit + ahead;
     size_t concurrency = (size_t)d->opt.concurrency + ahead;
@@ -492,11 +498,11 @@ static int claim_lane(rb_dispatcher *d, size_t k)
     c->d = d;
     c->sent_at = rb_monotonic();
     c->limit = free_slots;
+    c->ahead = ahead;
     c->lane = k;
     c->at_net = d->claiming_at_net;
     c->next = d->claims;
     d->claims = c;
-    note_claim_ahead(d, ln, ahead);
     rb_claim_req req = {ln->topics, ln->ntopics, free_slots, d->opt.lease_duration};
     if (!disp_claim_carrying(d, &req, on_claimed, c))
         d->store->vt->claim(d->store, &req, on_claimed, c);

@@ -52,8 +52,8 @@ typedef struct lane {
      * disp_note_hand_back): halved by each claim whose runs could not start within their
      * lease, grown by its slots per claim once a lease passed without one. */
     size_t ahead_cap;
-    size_t last_ahead;          /* what its last claim asked for beyond its slots */
     double cut_at;              /* monotonic s when ahead_cap was last halved; 0 never */
+    double grown_at;            /* monotonic s when ahead_cap last grew */
 } lane;
 
 /* A run's states, and the only moves between them (set_state checks each in debug builds, in
@@ -89,6 +89,7 @@ struct rb_run {
     unsigned char deadline_armed;       /* the deadline is one of the timer's clocks (below) */
     double retry_delay;         /* s until the next try of a final write the store refused */
     double claimed_at;          /* monotonic s when its lease began here */
+    size_t claim_ahead;         /* the room ahead its claim asked for; 0 also when parked */
     double started_at;          /* monotonic s when the handler started; 0 before */
     char *outcome_error;        /* the last_error it wrote, owned */
     /* An explicit settle the store could not take fails the run, as a raise with this text:
@@ -191,6 +192,7 @@ typedef struct claim_ctx {
     rb_dispatcher *d;           /* NULL once the dispatcher was freed under the claim */
     double sent_at;
     size_t limit;
+    size_t ahead;               /* of limit, the room beyond the lane's slots (claiming ahead) */
     size_t lane;
     unsigned at_net;            /* sent by that poll (its number), or 0 */
     struct claim_ctx *next;     /* the dispatcher's claims in flight */
@@ -234,6 +236,8 @@ rb_run *disp_run_new(rb_dispatcher *d, handler_entry *h, rb_delivery *rec, doubl
 void disp_run_start(rb_run *run);
 void disp_run_abort(rb_run *run, rb_abort_reason reason);
 void disp_run_settled(rb_run *run);
+void disp_hand_on_parked(rb_run *run);
+void disp_unlink_parked(rb_dispatcher *d);
 void disp_run_release_ref(rb_run *run);
 void disp_set_settling(rb_run *run);
 void disp_write_final(rb_run *run, rb_settle_kind kind, double delay, const char *error);

@@ -435,6 +435,46 @@ void disp_run_abort(rb_run *run, rb_abort_reason reason)
         run->h->def.abort(run, reason, run->h->def.ud);
 }
 
+/* run has left the registry: the run parked behind it (a later claim of the same delivery)
+ * takes its place there and waits for a slot. That run may belong to another dispatcher on
+ * the same store (the registry is the store's): it is counted and started on its own. */
+void disp_hand_on_parked(rb_run *run)
+{
+    rb_run *parked = run->parked;
+    run->parked = NULL;
+    if (!parked) return;
+    rb_dispatcher *pd = parked->d;
+    disp_count_waiting(pd, parked, -1);
+    if (disp_active_add(pd->store, parked) != 0) {
+        disp_run_settled(parked);    /* out of memory: the lease expires, another takes it */
+    } else if (pd->stopping || pd->stopped) {
+        disp_set_settling(parked);   /* never started: hand the claim back */
+        disp_write_final(parked, RB_OP_RELEASE, 0, NULL);
+    } else {
+        disp_unparked(pd, parked);   /* it starts when a slot is free */
+    }
+}
+
+/* d is freed: its runs leave the chains of runs parked behind the registry's runs, and the
+ * other dispatchers' runs parked behind its own move up (disp_hand_on_parked), so none is
+ * left pointing at a freed run or waiting behind one that will never settle. */
+void disp_unlink_parked(rb_dispatcher *d)
+{
+    for (rb_run *run = d->runs; run; run = run->next) {
+        rb_run *head = disp_active_find(d->store, run->rec->id);
+        if (!head) continue;
+        for (rb_run **pp = &head->parked; *pp;) {
+            rb_run *p = *pp;
+            if (p->d == d) {
+                *pp = p->parked;
+                p->parked = NULL;
+            } else {
+                pp = &p->parked;
+            }
+        }
+    }
+}
+
 /* The run is over: tell the host, free its slot, start a parked successor. */
 void disp_run_settled(rb_run *run)
 {
@@ -459,19 +499,7 @@ void disp_run_settled(rb_run *run)
     disp_active_remove(d->store, run);
     RB_LIST_REMOVE(&d->runs, run);
     d->nactive--;
-    rb_run *parked = run->parked;
-    run->parked = NULL;
-    if (parked) {
-        disp_count_waiting(d, parked, -1);
-        if (disp_active_add(d->store, parked) != 0) {
-            disp_run_settled(parked);    /* out of memory: the lease expires, another takes it */
-        } else if (parked->d->stopping || parked->d->stopped) {
-            disp_set_settling(parked);   /* never started: hand the claim back */
-            disp_write_final(parked, RB_OP_RELEASE, 0, NULL);
-        } else {
-            disp_unparked(d, parked);    /* it starts when a slot is free */
-        }
-    }
+    disp_hand_on_parked(run);
     run->refs++;
     disp_run_release_ref(run);
     if (d->stopping) disp_check_stop_done(d);

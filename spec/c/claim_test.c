@@ -375,6 +375,111 @@ static void a_parked_run_waits_for_a_slot(void **state)
     th_ids_free(&hang);
 }
 
+/* A second dispatcher on e's store, handling topic with h (e->d stays the first). */
+static rb_dispatcher *second_dispatcher(th_env *e, th_handler *h, const char *topic,
+                                        const rb_dispatcher_options *o)
+{
+    rb_dispatcher *first = e->d;
+    rb_dispatcher *second = th_dispatcher(e, o);
+    th_handle(e, h, topic);
+    e->d = first;
+    return second;
+}
+
+/* Dispatcher A's run of x failed and its reschedule is answered late; dispatcher B on the same
+ * store claims x meanwhile, and its run waits behind A's (the registry of unsettled runs is
+ * the store's). Returns B, its run of x parked; A is stopping (it claims nothing more). */
+static rb_dispatcher *park_behind_another(th_env *e, const char *x, th_handler **hb_out)
+{
+    snprintf(failing_id, sizeof failing_id, "%s", x);
+    e->spy->settle_delay = 0.6;
+    rb_dispatcher_options o;
+    th_options(e, &o);
+    o.concurrency = 1;
+    o.backoff = no_backoff;
+    th_dispatcher(e, &o);
+    th_handler *ha = th_new_handler(e);
+    ha->on_start = fail_x_once_hang_others;
+    th_handle(e, ha, T);
+    rb_dispatcher_start(e->d);
+    TH_RUN_UNTIL(e, ha->starts == 1, 10);
+    assert_int_equal(ha->starts, 1);
+    rb_dispatcher_stop(e->d, 10, NULL, NULL);
+    th_handler *hb = th_new_handler(e);
+    hb->on_start = th_start_ok;
+    o.on_stopped = NULL;            /* (the recorders are e->d's) */
+    o.on_quiet = NULL;
+    rb_dispatcher *b = second_dispatcher(e, hb, T, &o);
+    rb_dispatcher_start(b);
+    TH_RUN_UNTIL(e, rb_dispatcher_ahead(b) == 1, 5);
+    assert_int_equal(rb_dispatcher_ahead(b), 1);     /* claimed, waiting for A's run */
+    assert_int_equal(hb->starts, 0);
+    *hb_out = hb;
+    return b;
+}
+
+/* The run B parked behind A's is counted and started on B when A's settles. It was unparked
+ * on A: A's count of waiting runs went below zero, B's never came down, and B, idle, counted
+ * more runs holding a slot than it had, so it started nothing again. */
+static void a_run_parked_behind_another_dispatchers_starts_on_its_own(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids x = th_enqueue(e, T, 1, 0, 0);
+    th_handler *hb;
+    rb_dispatcher *b = park_behind_another(e, x.id[0], &hb);
+    TH_RUN_UNTIL(e, hb->starts == 1, 5);            /* A's run settled: x runs on B */
+    assert_int_equal(hb->starts, 1);
+    TH_RUN_UNTIL(e, th_status(e, x.id[0]) == RB_COMPLETED, 5);
+    assert_int_equal(th_status(e, x.id[0]), RB_COMPLETED);
+    assert_int_equal(rb_dispatcher_ahead(b), 0);
+    assert_int_equal(rb_dispatcher_ahead(e->d), 0);
+    th_ids more = th_enqueue(e, T, 3, 0, 0);        /* and B goes on running what comes */
+    TH_RUN_UNTIL(e, hb->starts == 4, 10);
+    assert_int_equal(hb->starts, 4);
+    TH_RUN_UNTIL(e, th_stats(e).completed == 4, 5);
+    assert_int_equal(th_stats(e).completed, 4);
+    assert_true(hb->max_running <= 1);
+    rb_dispatcher_free(b);
+    th_ids_free(&more);
+    th_ids_free(&x);
+}
+
+/* B is freed while its run waits behind A's: A's run, settling, must not hand on a freed run
+ * (ASan: a use after free). x is left to B's lease and runs again after it. */
+static void a_dispatcher_freed_with_a_run_parked_behind_another(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids x = th_enqueue(e, T, 1, 0, 0);
+    th_handler *hb;
+    rb_dispatcher *b = park_behind_another(e, x.id[0], &hb);
+    rb_dispatcher_free(b);
+    TH_RUN_UNTIL(e, !rb_dispatcher_running(e->d), 5);   /* A's run settled, its stop ended */
+    assert_false(rb_dispatcher_running(e->d));
+    assert_int_equal(rb_dispatcher_active(e->d), 0);
+    assert_int_equal(rb_dispatcher_ahead(e->d), 0);
+    assert_int_equal(hb->starts, 0);
+    assert_int_equal(th_status(e, x.id[0]), RB_PROCESSING);     /* B's claim, unrun */
+    th_ids_free(&x);
+}
+
+/* A is freed while B's run waits behind A's: B's run moves up and starts on B, instead of
+ * waiting for a run that will never settle. */
+static void a_run_parked_behind_a_freed_dispatchers_run_starts(void **state)
+{
+    th_env *e = th_env_of(state);
+    th_ids x = th_enqueue(e, T, 1, 0, 0);
+    th_handler *hb;
+    rb_dispatcher *b = park_behind_another(e, x.id[0], &hb);
+    rb_dispatcher_free(e->d);
+    e->d = b;                                       /* teardown frees B */
+    TH_RUN_UNTIL(e, hb->starts == 1, 5);
+    assert_int_equal(hb->starts, 1);
+    TH_RUN_UNTIL(e, th_status(e, x.id[0]) == RB_COMPLETED, 5);
+    assert_int_equal(th_status(e, x.id[0]), RB_COMPLETED);
+    assert_int_equal(rb_dispatcher_ahead(b), 0);
+    th_ids_free(&x);
+}
+
 /* A lease of 10 ms and claim_ahead 100: a batch of 800 takes longer to start than the lease
  * lasts, so its tail is handed back unrun. Without claiming less ahead after that, the drain
  * went on claiming 800 and handing most back (194 of 3,000 done in 30 s; with a pause of one
@@ -641,6 +746,12 @@ int main(void)
              a_lane_behind_full_slots_does_not_hoard),
         BOTH("a delivery claimed again while its earlier run settles waits for a slot",
              a_parked_run_waits_for_a_slot),
+        BOTH("a run parked behind another dispatcher's run is started on its own dispatcher",
+             a_run_parked_behind_another_dispatchers_starts_on_its_own),
+        BOTH("a dispatcher freed with a run parked behind another's leaves nothing dangling",
+             a_dispatcher_freed_with_a_run_parked_behind_another),
+        BOTH("a run parked behind a freed dispatcher's run moves up and starts",
+             a_run_parked_behind_a_freed_dispatchers_run_starts),
         BOTH("a lease too short for the batch stops claiming ahead, and everything completes",
              a_short_lease_stops_claiming_ahead_what_cannot_start),
         BOTH("a claim answered after the dispatcher was freed frees its records",
