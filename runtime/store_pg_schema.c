@@ -284,11 +284,18 @@ static const char *const migrations[] = {
     "$f$;\n"
     /* An update that makes a delivery due sooner wakes idle dispatchers as an insert does
      * (the trigger of 2): a settle that hands a delivery back or schedules its retry, a kick,
-     * an UPDATE by hand. Claims and completions leave the row not pending: no call. */
-    "DROP TRIGGER IF EXISTS \"@T_sooner\" ON \"@T\";\n"
-    "CREATE TRIGGER \"@T_sooner\" AFTER UPDATE ON \"@T\" FOR EACH ROW"
+     * an UPDATE by hand. Claims and completions leave the row not pending: no call. Made
+     * only where missing (a table of 6 has it): dropping it would lock the table against
+     * every claim and settle until the migration commits. (Table names are letters, digits
+     * and _, so they are safe inside the literals.) */
+    "DO $d$ BEGIN\n"
+    "  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '\"@T\"'::regclass"
+    " AND tgname = '@T_sooner') THEN\n"
+    "    CREATE TRIGGER \"@T_sooner\" AFTER UPDATE ON \"@T\" FOR EACH ROW"
     " WHEN (NEW.status = 'pending' AND (OLD.status <> 'pending' OR NEW.run_at < OLD.run_at))"
     " EXECUTE FUNCTION \"@T_notify\"();\n"
+    "  END IF;\n"
+    "END $d$;\n"
     /* Every claim and every completion leaves a dead entry at the head of "@T_due", and only
      * VACUUM removes them; each claim and each next-due read walks over them first (on a
      * table of 10,000,000 settled rows, 150,000 deliveries run left 578 pages of them: an idle
@@ -447,7 +454,9 @@ int rb_pg_migrate(PGconn *pq, const char *table, char *err, size_t errlen)
                          " version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())",
                      err, errlen, "(creating relaybus_schema)");
     int v = ok ? schema_version(pq, table) : 0;
-    if (ok && v >= 0 && table_missing(pq, table)) v = -1;   /* made again from the start */
+    /* Dropped by hand: made again from the start. (Not a newer relaybus's table: this one
+     * would record its own, older version over that one's.) */
+    if (ok && v >= 0 && v <= PG_SCHEMA_VERSION && table_missing(pq, table)) v = -1;
     for (int i = v < 0 ? 0 : v; ok && i < PG_SCHEMA_VERSION; i++) {
         char *sql = rb_pg_subst_table(migrations[i], table);
         char what[64];
