@@ -12,7 +12,7 @@
 PREFIX  ?= /usr/local
 BUILD   ?= build
 CC      ?= cc
-# The core's libraries, then each optional part's (runtime/plugin.h): the command and the Lua
+# The core's libraries, then each optional part's (runtime/plugin/plugin.h): the command and the Lua
 # module load those parts from relaybus_NAME.so on first use; the C libraries link them in.
 CORE_PKGS  = lua5.4 sqlite3 jansson
 PG_PKGS    = libpq
@@ -30,10 +30,13 @@ DEBUG_DEFS = -DRB_DEBUG           # internal checks (the run state machine) that
 endif
 OPT     ?= -O2 -g
 CFLAGS  ?=
-ALL_CFLAGS = $(OPT) $(CFLAGS) $(DEBUG_DEFS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -Iruntime -Ibindings -I$(BUILD) \
-           -I/usr/include/postgresql $(shell pkg-config --cflags $(PKGS))
-LDLIBS   = $(shell pkg-config --libs $(PKGS)) -lev -lm -lpthread
-CORE_LDLIBS = $(shell pkg-config --libs $(CORE_PKGS)) -lev -lm -lpthread -ldl
+# pkg-config runs once per make, not once per object (:=).
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
+LDLIBS     := $(shell pkg-config --libs $(PKGS)) -lev -lm -lpthread
+CORE_LDLIBS := $(shell pkg-config --libs $(CORE_PKGS)) -lev -lm -lpthread -ldl
+# -MMD -MP: each object depends on the headers it includes (build/**/*.d), nothing more.
+ALL_CFLAGS = $(OPT) $(CFLAGS) $(DEBUG_DEFS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -MMD -MP \
+             -Iruntime -Ibindings -I$(BUILD) -I/usr/include/postgresql $(PKG_CFLAGS)
 SANITIZE ?=
 ALL_CFLAGS += $(SANITIZE)
 # A generator that fails (say lua5.4 not installed yet) must not leave an empty header behind
@@ -41,26 +44,30 @@ ALL_CFLAGS += $(SANITIZE)
 .DELETE_ON_ERROR:
 LDFLAGS += $(SANITIZE)
 
+# runtime/ is in folders by layer (docs/c.md, "The layers"); each optional part is a folder
+# of its own and becomes relaybus_NAME.so: stores/pg, stores/mongo, http (its transport;
+# http_text.c, the texts, stays in the core) and serve.
 # plugin_dlopen.c is the command's and the Lua module's; the libraries have plugin_static.c.
-RUNTIME_SRC  = $(filter-out runtime/plugin_dlopen.c,$(wildcard runtime/*.c runtime/mongo/*.c))
+RUNTIME_SRC  = $(filter-out runtime/plugin/plugin_dlopen.c,$(wildcard runtime/*/*.c runtime/*/*/*.c))
 BINDING_SRC  = $(wildcard bindings/*.c)
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(BUILD)/%.o)
+BINDING_OBJ  = $(BINDING_SRC:%.c=$(BUILD)/%.o)
 # The optional parts' objects, and the core the command and the Lua module are made of.
-PG_OBJ       = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/store_pg*.c))
-MONGO_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/mongo/*.c))
-HTTP_OBJ     = $(BUILD)/runtime/http.o
-SERVE_OBJ    = $(BUILD)/runtime/dashboard.o
+PG_OBJ       = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/stores/pg/*.c))
+MONGO_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/stores/mongo/*.c))
+HTTP_OBJ     = $(BUILD)/runtime/http/http.o
+SERVE_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(wildcard runtime/serve/*.c))
 PLUGIN_OBJ   = $(PG_OBJ) $(MONGO_OBJ) $(HTTP_OBJ) $(SERVE_OBJ)
-CORE_OBJ     = $(filter-out $(PLUGIN_OBJ) $(BUILD)/runtime/plugin_static.o,$(RUNTIME_OBJ)) \
-               $(BUILD)/runtime/plugin_dlopen.o $(BINDING_OBJ)
+CORE_OBJ     = $(filter-out $(PLUGIN_OBJ) $(BUILD)/runtime/plugin/plugin_static.o,$(RUNTIME_OBJ)) \
+               $(BUILD)/runtime/plugin/plugin_dlopen.o $(BINDING_OBJ)
 PLUGINS      = $(BUILD)/relaybus_pg.so $(BUILD)/relaybus_mongo.so $(BUILD)/relaybus_http.so \
                $(BUILD)/relaybus_serve.so
 # ar keeps one member per file name: two sources of one name would lose one of them.
 ifneq ($(words $(notdir $(RUNTIME_SRC) $(BINDING_SRC))),$(words $(sort $(notdir $(RUNTIME_SRC) $(BINDING_SRC)))))
 $(error two sources in runtime/ and bindings/ share a file name; the archive would keep one)
 endif
-BINDING_OBJ  = $(BINDING_SRC:%.c=$(BUILD)/%.o)
-HEADERS      = $(wildcard runtime/*.h runtime/mongo/*.h bindings/*.h)
+# The dependency files -MMD wrote (absent on a first build).
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 all: $(BUILD)/relaybus $(BUILD)/relaybus.so $(PLUGINS) $(BUILD)/librelaybus.a \
      $(BUILD)/librelaybus.so $(BUILD)/relaybus.pc
@@ -68,7 +75,7 @@ all: $(BUILD)/relaybus $(BUILD)/relaybus.so $(PLUGINS) $(BUILD)/librelaybus.a \
 # What luarocks builds (relaybus-scm-1.rockspec): the Lua module and its optional parts.
 lua-module: $(BUILD)/relaybus.so $(PLUGINS)
 
-$(BUILD)/%.o: %.c $(HEADERS)
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
@@ -87,22 +94,22 @@ $(BUILD)/webhook_lua.h: bindings/lua/webhook.lua scripts/embed.lua
 	lua5.4 scripts/embed.lua webhook_lua $< > $@
 
 # The dashboard's page, compiled in: nothing is fetched from anywhere else.
-DASHBOARD_ASSETS = runtime/dashboard/index.html runtime/dashboard/app.js runtime/dashboard/app.css
+DASHBOARD_ASSETS = runtime/serve/dashboard/index.html runtime/serve/dashboard/app.js runtime/serve/dashboard/app.css
 $(BUILD)/dashboard_assets.h: $(DASHBOARD_ASSETS) scripts/embed.lua
 	@mkdir -p $(BUILD)
-	{ lua5.4 scripts/embed.lua dashboard_html runtime/dashboard/index.html && \
-	  lua5.4 scripts/embed.lua dashboard_js runtime/dashboard/app.js && \
-	  lua5.4 scripts/embed.lua dashboard_css runtime/dashboard/app.css; } > $@
+	{ lua5.4 scripts/embed.lua dashboard_html runtime/serve/dashboard/index.html && \
+	  lua5.4 scripts/embed.lua dashboard_js runtime/serve/dashboard/app.js && \
+	  lua5.4 scripts/embed.lua dashboard_css runtime/serve/dashboard/app.css; } > $@
 
-$(BUILD)/runtime/dashboard.o: runtime/dashboard.c $(BUILD)/dashboard_assets.h $(HEADERS)
+$(BUILD)/runtime/serve/dashboard.o: runtime/serve/dashboard.c $(BUILD)/dashboard_assets.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/bindings/module.o: bindings/module.c $(BUILD)/prelude_lua.h $(BUILD)/webhook_lua.h $(HEADERS)
+$(BUILD)/bindings/module.o: bindings/module.c $(BUILD)/prelude_lua.h $(BUILD)/webhook_lua.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/cmd/main.o: cmd/main.c $(BUILD)/cli_lua.h $(HEADERS)
+$(BUILD)/cmd/main.o: cmd/main.c $(BUILD)/cli_lua.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
@@ -170,9 +177,25 @@ $(BUILD)/mongo_enqueue: spec/support/mongo_enqueue.c
 	$(CC) $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(shell pkg-config --cflags libmongoc-1.0) -o $@ $< \
 	  $(shell pkg-config --libs libmongoc-1.0)
 
+# What only the tests use, and nothing of relaybus ships (testing/): the fault-injecting
+# store as a library for C (librelaybus_testing.a), and the Lua module relaybus_testing the
+# specs load. The module calls relaybus's own functions, which the command or the module that
+# loaded it provides, as for the optional parts.
+TESTING_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(wildcard testing/*.c))
+$(BUILD)/librelaybus_testing.a: $(BUILD)/testing/store_faults.o
+	rm -f $@ && ar rcs $@ $^
+
+# -z nodelete: a Lua state closing unloads its C modules, and what the fault store's
+# registry still holds would then count as leaked.
+$(BUILD)/relaybus_testing.so: $(TESTING_OBJ)
+	$(CC) -shared $(LDFLAGS) -Wl,-z,nodelete -o $@ $^
+
+testing: $(BUILD)/relaybus_testing.so $(BUILD)/librelaybus_testing.a
+
 # Checks the contract checks of the fault-injecting store against a store that breaks them.
-$(BUILD)/faults_contract: spec/support/faults_contract.c $(BUILD)/librelaybus.a
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/faults_contract: spec/support/faults_contract.c $(BUILD)/librelaybus_testing.a $(BUILD)/librelaybus.a
+	$(CC) $(ALL_CFLAGS) -Itesting -o $@ $< $(BUILD)/librelaybus_testing.a $(BUILD)/librelaybus.a \
+	  $(LDFLAGS) $(LDLIBS)
 
 # Hosts that drive the pollable runtime from loops of their own (docs/c.md, "Stepping"):
 # a poll() frame loop, libuv, and four threads with a runtime each. They run
@@ -191,32 +214,34 @@ $(BUILD)/threads_host: examples/threads_host.c $(HOST_DEPS)
 HOSTS = $(BUILD)/frame_host $(BUILD)/uv_host $(BUILD)/threads_host
 
 examples: $(BUILD)/embed_host $(BUILD)/http_receiver $(BUILD)/mongo_collections $(BUILD)/mongo_insert \
-          $(BUILD)/mongo_enqueue $(BUILD)/faults_contract $(HOSTS)
+          $(BUILD)/mongo_enqueue $(BUILD)/faults_contract $(HOSTS) testing
 
-# The headers a host includes (relaybus.h includes them as relaybus/NAME.h); nothing internal.
-PUBLIC_HEADERS = runtime/delivery.h runtime/store.h runtime/clock.h runtime/dispatcher.h \
-                 runtime/leases.h runtime/http.h \
-                 runtime/metrics.h runtime/buf.h runtime/dashboard.h
+# The headers a host includes, installed side by side in include/relaybus/ (relaybus.h includes
+# them as relaybus/NAME.h, and they one another as NAME.h); nothing internal.
+PUBLIC_HEADERS = runtime/stores/delivery.h runtime/stores/store.h runtime/util/clock.h runtime/dispatch/dispatcher.h \
+                 runtime/stores/leases.h runtime/http/http.h \
+                 runtime/dispatch/metrics.h runtime/util/buf.h runtime/serve/dashboard.h
 
 # C tests: each spec/c/NAME_test.c is one cmocka program, linked with the shared harness and
 # the static library. scripts/test.sh runs them with TAP output.
 CTEST_SRC  = $(wildcard spec/c/*_test.c)
 CTEST_BINS = $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%)
-CTEST_LIBS = $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
+CTEST_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
 
 ctest: $(CTEST_BINS)
 
 # alloc_pg_test is alloc_test.c built for PostgreSQL.
 $(BUILD)/ctest/alloc_pg_test: spec/c/alloc_test.c
 
-$(BUILD)/ctest/harness.o: spec/c/harness.c spec/c/harness.h $(HEADERS)
+$(BUILD)/ctest/harness.o: spec/c/harness.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/ctest/%: spec/c/%.c spec/c/harness.h $(BUILD)/ctest/harness.o $(BUILD)/librelaybus.a
+$(BUILD)/ctest/%: spec/c/%.c spec/c/harness.h $(BUILD)/ctest/harness.o $(BUILD)/librelaybus_testing.a \
+                 $(BUILD)/librelaybus.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/ctest/harness.o $(BUILD)/librelaybus.a $(LDFLAGS) \
-	  $(LDLIBS) $(CTEST_LIBS)
+	$(CC) $(ALL_CFLAGS) -Itesting -o $@ $< $(BUILD)/ctest/harness.o $(BUILD)/librelaybus_testing.a \
+	  $(BUILD)/librelaybus.a $(LDFLAGS) $(LDLIBS) $(CTEST_LIBS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
@@ -226,9 +251,11 @@ install: all
 	install -m644 $(BUILD)/relaybus.so $(PLUGINS) $(DESTDIR)$(PREFIX)/lib/lua/5.4/
 	$(call write_pc,$(PREFIX),relaybus.pc.in,$(DESTDIR)$(PREFIX)/lib/pkgconfig/relaybus.pc)
 	$(call write_pc,$(PREFIX),relaybus-static.pc.in,$(DESTDIR)$(PREFIX)/lib/pkgconfig/relaybus-static.pc)
-	sed 's|^#include "\(.*\)"|#include "relaybus/\1"|' runtime/relaybus.h \
+	sed 's|^#include "\([a-z]*/\)*\(.*\)"|#include "relaybus/\2"|' runtime/relaybus.h \
 	  > $(DESTDIR)$(PREFIX)/include/relaybus.h
-	install -m644 $(PUBLIC_HEADERS) $(DESTDIR)$(PREFIX)/include/relaybus/
+	for h in $(PUBLIC_HEADERS); do \
+	  sed 's|^#include "\([a-z]*/\)*\(.*\)"|#include "\2"|' $$h > $(DESTDIR)$(PREFIX)/include/relaybus/$$(basename $$h) || exit 1; \
+	done
 
 test: all examples ctest
 	scripts/test.sh
@@ -272,4 +299,4 @@ build-fuzz/fuzz/%: fuzz/%_fuzz.c build-fuzz/librelaybus.a build-fuzz/cli_lua.h
 clean:
 	rm -rf build build-asan build-fuzz build-tsan
 
-.PHONY: all lua-module examples ctest install test bench asan tsan fuzz clean
+.PHONY: all lua-module examples testing ctest install test bench asan tsan fuzz clean

@@ -62,11 +62,6 @@ lua_Number rb_optnumber(lua_State *L, int arg, lua_Number def)
     return lua_isnoneornil(L, arg) ? def : rb_checknumber(L, arg);
 }
 
-lua_Integer rb_optinteger(lua_State *L, int arg, lua_Integer def)
-{
-    return lua_isnoneornil(L, arg) ? def : rb_checkinteger(L, arg);
-}
-
 const char *rb_optlstring(lua_State *L, int arg, const char *def, size_t *len)
 {
     if (lua_isnoneornil(L, arg)) {
@@ -74,6 +69,17 @@ const char *rb_optlstring(lua_State *L, int arg, const char *def, size_t *len)
         return def;
     }
     return rb_checklstring(L, arg, len);
+}
+
+/* A topic as enqueue takes it: a non-empty string without NUL (stores take C strings: a NUL
+ * would cut it short, and a handler's topic would then be another one than enqueued). */
+const char *rb_check_topic(lua_State *L, int idx, const char *what)
+{
+    if (lua_type(L, idx) != LUA_TSTRING || lua_rawlen(L, idx) == 0)
+        rb_misuse(L, "%s: topic must be a non-empty string", what);
+    const char *topic = lua_tostring(L, idx);
+    if (strlen(topic) != lua_rawlen(L, idx)) rb_misuse(L, "%s: topic must not contain a NUL byte", what);
+    return topic;
 }
 
 int rb_checkoption(lua_State *L, int arg, const char *def, const char *const lst[])

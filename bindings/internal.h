@@ -7,11 +7,11 @@
 #include <lauxlib.h>
 #include "module.h"
 #include "await.h"
-#include "store.h"
-#include "dispatcher.h"
-#include "alloc.h"
-#include "timer.h"
-#include "fifo.h"
+#include "stores/store.h"
+#include "dispatch/dispatcher.h"
+#include "util/alloc.h"
+#include "util/timer.h"
+#include "util/fifo.h"
 
 #define RB_STORE_MT "relaybus.store"
 #define RB_TX_MT "relaybus.tx"
@@ -108,7 +108,6 @@ struct rb_task {
     unsigned char running;      /* inside lua_resume now */
     unsigned char done;
     unsigned char abort_seen;   /* its code has run since the abort (the grace has begun) */
-    unsigned char daemon;       /* the runtime's own task: relaybus.run() does not wait for it */
     unsigned char extra_yield;  /* yielded with a bare coroutine.yield: on m->yielded */
     unsigned char killed;       /* stopped for good past its time: never resumed again */
     unsigned char inline_waits; /* waits answered at once since it last yielded (task.c) */
@@ -150,7 +149,6 @@ void rb_task_install_hook(rb_task *t);
 void rb_task_hook(lua_State *L, lua_Debug *ar);
 int rb_lua_sleep(lua_State *L);                  /* relaybus.sleep(s) */
 int rb_lua_spawn(lua_State *L);
-int rb_lua_spawn_daemon(lua_State *L);
 int rb_task_is_aborted(rb_task *t);
 /* The pollable runtime: resumes a step's budget put off, until the budget is spent again. */
 void rb_task_run_deferred(rb_module *m);
@@ -184,9 +182,6 @@ void rb_tx_invalidate_object(void *tx_object);   /* a tx userdata (rb_push_tx) *
 const int *rb_lua_store_closed_flag(lua_State *L, int idx);
 void rb_lua_push_wrapping_store(lua_State *L, rb_store *s, int inner_idx);
 
-/* lua_faults.c */
-int rb_lua_faults(lua_State *L);                 /* relaybus._faults */
-void rb_lua_faults_register(lua_State *L);       /* store:_fault_stats */
 
 /* lua_dispatcher.c */
 void rb_lua_dispatcher_register(lua_State *L);
@@ -206,6 +201,10 @@ void rb_lua_dispatcher_attach_metrics(struct lua_dispatcher *ld, struct rb_metri
 
 /* lua_leases.c */
 void rb_lua_leases_register(lua_State *L);
+/* d:every's job on d (rb_dispatcher_every): each run calls the function at fn_idx as a task
+ * guarded by the job's lease. Raises on failure. */
+void rb_lua_every_register(lua_State *L, rb_module *m, rb_dispatcher *d, int store_ref,
+                           const char *name, double interval, int fn_idx);
 int rb_lua_try_acquire(lua_State *L);
 int rb_lua_local_leases(lua_State *L);
 
@@ -217,7 +216,6 @@ lua_Integer rb_checkinteger(lua_State *L, int arg);
 void rb_checktype(lua_State *L, int arg, int t);
 void *rb_checkudata(lua_State *L, int arg, const char *tname);
 lua_Number rb_optnumber(lua_State *L, int arg, lua_Number def);
-lua_Integer rb_optinteger(lua_State *L, int arg, lua_Integer def);
 const char *rb_optlstring(lua_State *L, int arg, const char *def, size_t *len);
 int rb_checkoption(lua_State *L, int arg, const char *def, const char *const lst[]);
 #undef luaL_checkstring
@@ -229,7 +227,6 @@ int rb_checkoption(lua_State *L, int arg, const char *def, const char *const lst
 #define luaL_checktype rb_checktype
 #define luaL_checkudata rb_checkudata
 #define luaL_optnumber rb_optnumber
-#define luaL_optinteger rb_optinteger
 #define luaL_optlstring rb_optlstring
 #define luaL_optstring(L, n, d) rb_optlstring(L, (n), (d), NULL)
 #define luaL_checkoption rb_checkoption
@@ -247,5 +244,7 @@ int rb_push_method(lua_State *L, int idx, const char *k);
 /* Checks that the table at idx has only the given keys (NULL-terminated). */
 void rb_check_options(lua_State *L, int idx, const char *what, const char *const *allowed);
 double rb_opt_number(lua_State *L, int idx, const char *key, double dflt);
+/* The topic at idx (a non-empty string without NUL); misuse "WHAT: topic ..." otherwise. */
+const char *rb_check_topic(lua_State *L, int idx, const char *what);
 
 #endif

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <jansson.h>
 #include "internal.h"
-#include "text.h"
+#include "util/text.h"
 
 #define JSON_MAX_DEPTH 1000         /* nested arrays and objects, both ways */
 #define STACK_KEYS 4096             /* an object's keys kept on the Lua stack; more: a table */

@@ -2,22 +2,21 @@
  * ctx.signal, stop and its waitable.
  *
  * Each run of a delivery is a task (task.c) whose coroutine calls the handler with the
- * delivery table and a ctx. The dispatcher (runtime/dispatcher.c) tells us when to start,
+ * delivery table and a ctx. The dispatcher (runtime/dispatch/dispatcher.c) tells us when to start,
  * when the run is aborted and when it has settled; we tell it when the handler ended. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "log.h"
-#include "metrics.h"
+#include "util/list.h"
+#include "util/log.h"
+#include "dispatch/metrics.h"
+#include "util/check.h"
 
-/* A wait for the dispatcher's stop: d:stop() inside a coroutine, the waitable's wait(), and
- * d:_idle(s) (the runtime's own tasks sleep with it, so a stop ends them at once). */
+/* A wait for the dispatcher's stop: d:stop() inside a coroutine, and the waitable's wait(). */
 typedef struct stop_wait {
     rb_await *w;
     struct lua_dispatcher *ld;
-    rb_timer timer;         /* d:_idle(s): gives up after s */
-    int timed;
     struct stop_wait *next;
 } stop_wait;
 
@@ -32,7 +31,7 @@ typedef struct lua_dispatcher {
     int nhandlers;
     int events_ref;         /* d:on listeners: {claimed = {fn...}, ...}, or LUA_NOREF */
     stop_wait *waits;
-    struct lua_dispatcher *next;
+    struct lua_dispatcher *prev, *next;     /* on the module's dispatchers (list.h) */
 } lua_dispatcher;
 
 typedef struct lua_handler {
@@ -499,6 +498,7 @@ static void on_stopped(rb_dispatcher *d, void *ud)
     lua_dispatcher *ld = ud;
     rb_module *m = ld->m;
     ld->stopped = 1;
+    RB_ASSERT(m->ndispatchers_running > 0);
     m->ndispatchers_running--;
     rb_module_wake_run(m);
     if (m->closing) return;
@@ -509,7 +509,6 @@ static void on_stopped(rb_dispatcher *d, void *ud)
     ld->waits = NULL;
     while (sw) {
         stop_wait *next = sw->next;
-        if (sw->timed) rb_timer_stop(m->loop, &sw->timer);
         rb_await *w = sw->w;
         free(sw);
         lua_State *T = rb_await_target(w);
@@ -546,6 +545,7 @@ int rb_lua_dispatcher_new(lua_State *L)
     o.shutdown_timeout = rb_opt_number(L, 2, "shutdown_timeout", o.shutdown_timeout);
     o.poll_interval = rb_opt_number(L, 2, "poll_interval", o.poll_interval);
     o.listen_poll_interval = rb_opt_number(L, 2, "listen_poll_interval", o.listen_poll_interval);
+    o.retention = rb_opt_number(L, 2, "retention", o.retention);
     double conc = rb_opt_number(L, 2, "concurrency", o.concurrency);
     if (!(conc >= 1) || conc != floor(conc) || conc > RB_MAX_CONCURRENCY)
         rb_misuse(L, "dispatcher: concurrency must be an integer from 1 to 1000000");
@@ -586,8 +586,7 @@ int rb_lua_dispatcher_new(lua_State *L)
     if (!ld->d) return luaL_error(L, "relaybus: out of memory");
     if (m->metrics && rb_metrics_attach(m->metrics, ld->d) != 0)
         return luaL_error(L, "relaybus: out of memory");
-    ld->next = m->dispatchers;
-    m->dispatchers = ld;
+    RB_LIST_PUSH(&m->dispatchers, ld);
     return 1;
 }
 
@@ -596,8 +595,8 @@ static const char *const handle_opts[] = {"transactional", "timeout", "concurren
 static int l_handle(lua_State *L)
 {
     lua_dispatcher *ld = check_dispatcher(L, 1);
-    const char *topic = luaL_checkstring(L, 2);
-    luaL_checktype(L, 3, LUA_TFUNCTION);
+    const char *topic = rb_check_topic(L, 2, "handle");
+    if (!lua_isfunction(L, 3)) return rb_misuse(L, "handle: expected a function");
     rb_check_options(L, 4, "handle", handle_opts);
     if (ld->started) return rb_misuse(L, "handle: the dispatcher has already started");
     rb_handler_def def = {0};
@@ -632,6 +631,7 @@ static int l_handle(lua_State *L)
     def.ud = h;
     ld->nhandlers++;
     if (rb_dispatcher_handle(ld->d, topic, &def) != 0) {
+        RB_ASSERT(ld->nhandlers > 0);
         ld->nhandlers--;
         luaL_unref(L, LUA_REGISTRYINDEX, h->fn_ref);
         free(h);
@@ -667,7 +667,6 @@ static void unlink_wait(stop_wait *sw)
             *pp = sw->next;
             break;
         }
-    if (sw->timed) rb_timer_stop(sw->ld->m->loop, &sw->timer);
 }
 
 /* The waiter was aborted (its run's deadline): it gives up; the stop goes on. */
@@ -678,21 +677,8 @@ static void cancel_wait(void *ud)
     free(sw);
 }
 
-static void on_idle_over(struct ev_loop *loop, ev_timer *t, int revents)
-{
-    (void)loop; (void)revents;
-    stop_wait *sw = t->data;
-    rb_await *w = sw->w;
-    unlink_wait(sw);
-    free(sw);
-    lua_State *T = rb_await_target(w);
-    if (T) lua_pushboolean(T, 0);
-    rb_await_resolve(w, T ? 1 : 0);
-}
-
-/* Waits until the dispatcher has stopped (true), or, with timeout >= 0, at most that long
- * (false when it has not stopped by then). */
-static int wait_stopped(lua_State *L, lua_dispatcher *ld, double timeout)
+/* Waits until the dispatcher has stopped: true. */
+static int wait_stopped(lua_State *L, lua_dispatcher *ld)
 {
     if (ld->stopped || !ld->started) {
         lua_pushboolean(L, 1);
@@ -708,27 +694,10 @@ static int wait_stopped(lua_State *L, lua_dispatcher *ld, double timeout)
     }
     sw->w = w;
     sw->ld = ld;
-    if (timeout >= 0) {
-        sw->timed = 1;
-        rb_timer_init(&sw->timer, on_idle_over, timeout, 0);
-        sw->timer.w.data = sw;
-        rb_timer_start(ld->m->loop, &sw->timer);
-    }
     sw->next = ld->waits;
     ld->waits = sw;
     rb_await_on_cancel(w, cancel_wait, sw);
     return rb_await_finish(L, w);
-}
-
-/* d:_idle(s): sleeps s seconds, or less when the dispatcher stops meanwhile; true when it has
- * stopped. The runtime's own tasks (every, retention) wait with it, so they end with the stop
- * and do not keep a stopped dispatcher alive. */
-static int l_idle(lua_State *L)
-{
-    lua_dispatcher *ld = check_dispatcher(L, 1);
-    double s = luaL_checknumber(L, 2);
-    if (!rb_valid_seconds(s)) return rb_misuse(L, "_idle: seconds out of range");
-    return wait_stopped(L, ld, s);
 }
 
 static const char *const stop_opts[] = {"timeout", NULL};
@@ -746,7 +715,7 @@ static int l_stop(lua_State *L)
         return rb_misuse(L, "stop: timeout must be a number of seconds from 0 to 100 years");
     if (ld->started && !ld->stopped) rb_dispatcher_stop(ld->d, timeout, NULL, NULL);
     else if (!ld->started) ld->stopped = 1;
-    if (rb_task_current(L)) return wait_stopped(L, ld, -1);
+    if (rb_task_current(L)) return wait_stopped(L, ld);
     lua_newuserdatauv(L, 0, 1);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
@@ -759,7 +728,7 @@ static int l_stopwait_wait(lua_State *L)
     luaL_checkudata(L, 1, RB_STOPWAIT_MT);
     lua_getiuservalue(L, 1, 1);
     lua_dispatcher *ld = luaL_checkudata(L, -1, RB_DISPATCHER_MT);
-    return wait_stopped(L, ld, -1);
+    return wait_stopped(L, ld);
 }
 
 static int l_stopwait_done(lua_State *L)
@@ -788,11 +757,7 @@ static int l_dispatcher_stats(lua_State *L)
 
 static void unlink_dispatcher(lua_dispatcher *ld)
 {
-    for (lua_dispatcher **pp = &ld->m->dispatchers; *pp; pp = &(*pp)->next)
-        if (*pp == ld) {
-            *pp = ld->next;
-            break;
-        }
+    RB_LIST_REMOVE(&ld->m->dispatchers, ld);
 }
 
 static int l_dispatcher_gc(lua_State *L)
@@ -805,7 +770,10 @@ static int l_dispatcher_gc(lua_State *L)
     unlink_dispatcher(ld);
     if (ld->events_ref != LUA_NOREF && !ld->m->closing) luaL_unref(L, LUA_REGISTRYINDEX, ld->events_ref);
     ld->events_ref = LUA_NOREF;
-    if (ld->started && !ld->stopped) ld->m->ndispatchers_running--;
+    if (ld->started && !ld->stopped) {
+        RB_ASSERT(ld->m->ndispatchers_running > 0);
+        ld->m->ndispatchers_running--;
+    }
     ld->stopped = 1;
     rb_dispatcher_free(ld->d);
     ld->d = NULL;
@@ -893,20 +861,33 @@ static int l_on(lua_State *L)
     return 1;
 }
 
-static int l_dispatcher_store(lua_State *L)
+/* d:every(name, interval, fn): fn(ctx) once per interval across every process whose
+ * dispatcher on the same store has the same job (runtime/dispatch/every.c; the runs are
+ * lua_leases.c's). Before start only. */
+static int l_every(lua_State *L)
 {
     lua_dispatcher *ld = check_dispatcher(L, 1);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->store_ref);
+    size_t n;
+    const char *name = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : NULL;
+    if (!name || strlen(name) != n || !rb_every_valid_name(name))
+        return rb_misuse(L, "every: name must be 1 to 249 bytes of UTF-8 without NUL");
+    double interval = lua_type(L, 3) == LUA_TNUMBER ? lua_tonumber(L, 3) : NAN;
+    if (!(interval > 0 && interval <= RB_MAX_SECONDS))
+        return rb_misuse(L, "every: interval must be a number of seconds above 0, at most 100 years");
+    if (lua_type(L, 4) != LUA_TFUNCTION) return rb_misuse(L, "every: expected a function");
+    if (ld->started || ld->stopped)
+        return rb_misuse(L, "every: the dispatcher has started; call every before start");
+    rb_lua_every_register(L, ld->m, ld->d, ld->store_ref, name, interval, 4);
+    lua_settop(L, 1);
     return 1;
 }
 
 static const luaL_Reg dispatcher_methods[] = {
-    {"_store", l_dispatcher_store},
     {"handle", l_handle},
     {"start", l_start},
     {"stop", l_stop},
     {"stats", l_dispatcher_stats},
-    {"_idle", l_idle},
+    {"every", l_every},
     {"on", l_on},
     {NULL, NULL}
 };

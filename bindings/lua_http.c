@@ -11,12 +11,12 @@
 #include <strings.h>
 #include <lua.h>
 #include <lauxlib.h>
-#include "base64.h"
-#include "clock.h"
-#include "http.h"
+#include "util/base64.h"
+#include "util/clock.h"
+#include "http/http.h"
 #include "internal.h"
-#include "plugin.h"
-#include "text.h"
+#include "plugin/plugin.h"
+#include "util/text.h"
 
 #define STATE_KEY "relaybus.http.transport"   /* registry: the userdata */
 #define STATE_MT "relaybus.http.transport_mt"

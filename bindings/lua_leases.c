@@ -1,6 +1,6 @@
 /* lua_leases.c -- named leases in Lua: store:try_acquire(name, duration) and
  * relaybus.local_leases(), both returning handles with name, deadline, signal, extend and
- * release (runtime/leases.c does the work).
+ * release (runtime/stores/leases.c does the work).
  *
  * A handle can also run a function as a task it guards (handle:_run, used by d:every): at the
  * deadline the task's pending wait ends with nil, "aborted", and Lua code that keeps running
@@ -9,17 +9,39 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "leases.h"
-#include "text.h"
+#include "stores/leases.h"
+#include "util/list.h"
+#include "util/text.h"
 
 #define RB_LOCAL_LEASES_MT "relaybus.local_leases"
+
+typedef struct done_wait done_wait;
+struct lua_every;
 
 typedef struct lua_lease {
     rb_lease *l;
     rb_module *m;
     rb_signal *signal;
     rb_task *guarded;       /* the task this lease guards, or NULL */
+    /* Extends and releases in flight. A freed lease never answers them, so whoever frees
+     * the lease frees their records: the handle's collection (own_ops), or for a borrowed
+     * lease (a d:every run's: the job owns it and its expiry) the job's end. */
+    done_wait *own_ops;
+    struct lua_every *every;    /* a borrowed lease's job (kept alive by the handle), or NULL */
 } lua_lease;
+
+/* d:every's job on the Lua side (below); a run's borrowed handle keeps it alive. */
+typedef struct lua_every {
+    rb_module *m;
+    int fn_ref;
+    int store_ref;          /* the dispatcher's store (userdata), for the runs' handles */
+    int refs;               /* the job's own, and one per borrowed handle alive */
+    rb_every_run *run;      /* the run now, or NULL */
+    lua_lease *h;           /* the running run's handle, or NULL */
+    done_wait *ops;         /* the runs' extends and releases in flight */
+} lua_every;
+
+static void every_unref(lua_every *e);
 
 typedef struct lua_local_leases {
     rb_local_leases *ls;
@@ -37,7 +59,9 @@ static void on_expire(rb_lease *l, void *ud)
     }
 }
 
-static void push_handle(lua_State *L, rb_module *m, rb_lease *l, int store_idx)
+/* With every: a borrowed lease (d:every's), whose job frees it and watches its expiry. */
+static lua_lease *push_handle(lua_State *L, rb_module *m, rb_lease *l, int store_idx,
+                              struct lua_every *every)
 {
     lua_lease *h = lua_newuserdatauv(L, sizeof *h, 2);
     memset(h, 0, sizeof *h);
@@ -48,7 +72,9 @@ static void push_handle(lua_State *L, rb_module *m, rb_lease *l, int store_idx)
     lua_setiuservalue(L, -2, 1);
     lua_pushvalue(L, store_idx);
     lua_setiuservalue(L, -2, 2);    /* the store outlives its handles */
-    rb_lease_on_expire(l, on_expire, h);
+    h->every = every;
+    if (!every) rb_lease_on_expire(l, on_expire, h);
+    return h;
 }
 
 typedef struct acquire_wait {
@@ -73,7 +99,7 @@ static void on_acquired(void *ud, const char *err, rb_lease *l)
         nres = 2;
     } else if (l) {
         lua_rawgeti(T, LUA_REGISTRYINDEX, a->store_ref);
-        push_handle(T, a->m, l, lua_gettop(T));
+        push_handle(T, a->m, l, lua_gettop(T), NULL);
         lua_remove(T, -2);
         nres = 1;
     } else {
@@ -148,22 +174,25 @@ static lua_lease *check_handle(lua_State *L)
     return h;
 }
 
-typedef struct done_wait {
+struct done_wait {
     rb_await *w;
     lua_lease *h;
-} done_wait;
+    done_wait **list;           /* the list it is on (h->ops) */
+    done_wait *prev, *next;
+};
 
 static void on_done(void *ud, const char *err, int ok)
 {
     done_wait *dw = ud;
     rb_await *w = dw->w;
+    RB_LIST_REMOVE(dw->list, dw);
     lua_State *T = rb_await_target(w);
     int nres = 0;
     if (T) {
         if (ok) {
             lua_pushboolean(T, 1);
             nres = 1;
-            if (dw->h->guarded) dw->h->guarded->deadline = rb_lease_deadline(dw->h->l);
+            if (dw->h && dw->h->guarded) dw->h->guarded->deadline = rb_lease_deadline(dw->h->l);
         } else {
             lua_pushnil(T);
             lua_pushstring(T, err ? err : "lease lost");
@@ -174,11 +203,14 @@ static void on_done(void *ud, const char *err, int ok)
     rb_await_resolve(w, nres);
 }
 
-static int lease_op(lua_State *L, int release)
+enum { OP_EXTEND, OP_RELEASE };
+
+static int lease_op(lua_State *L, int kind)
 {
     lua_lease *h = check_handle(L);
+    int release = kind == OP_RELEASE;
     double duration = 0;
-    if (!release) {
+    if (kind == OP_EXTEND) {
         duration = luaL_optnumber(L, 2, 0);
         if (!rb_valid_seconds(duration))
             return rb_misuse(L, "extend: duration must be a number of seconds from 0 (the acquire's) to 100 years");
@@ -187,7 +219,7 @@ static int lease_op(lua_State *L, int release)
     lua_getiuservalue(L, 1, 2);
     if (luaL_testudata(L, -1, RB_STORE_MT)) rb_lua_check_store(L, -1);  /* raises if closed */
     lua_pop(L, 1);
-    done_wait *dw = rb_malloc(sizeof *dw);
+    done_wait *dw = rb_calloc(1, sizeof *dw);
     if (!dw) return luaL_error(L, "relaybus: out of memory");
     rb_await *w = rb_await_begin(L);
     if (!w) {
@@ -196,95 +228,16 @@ static int lease_op(lua_State *L, int release)
     }
     dw->w = w;
     dw->h = h;
+    dw->list = h->every ? &h->every->ops : &h->own_ops;
+    RB_LIST_PUSH(dw->list, dw);
     if (release) rb_lease_release(h->l, on_done, dw);
     else rb_lease_extend(h->l, duration, on_done, dw);
     if (rb_lease_over(h->l) && h->signal && !release) rb_signal_fire(h->signal, RB_ABORT_LEASE);
     return rb_await_finish(L, w);
 }
 
-static int l_lease_extend(lua_State *L) { return lease_op(L, 0); }
-static int l_lease_release(lua_State *L) { return lease_op(L, 1); }
-
-/* handle:_run(fn, ...): runs fn(...) as a task of its own, stopped at this lease's deadline
- * like a handler at its own (waits end with nil, "aborted"; Lua code still running after the
- * grace is stopped for good), and waits for it: true, or nil and fn's error; nil, "aborted"
- * without running fn when the lease is over already. */
-typedef struct guarded_run {
-    rb_await *w;
-    lua_lease *h;
-} guarded_run;
-
-static void on_guarded_end(rb_task *t, int ok, const char *err)
-{
-    guarded_run *g = t->ud;
-    rb_await *w = g->w;
-    if (g->h->guarded == t) g->h->guarded = NULL;
-    free(g);
-    lua_State *T = rb_await_target(w);
-    int nres = 0;
-    if (T && ok) {
-        lua_pushboolean(T, 1);
-        nres = 1;
-    } else if (T) {
-        lua_pushnil(T);
-        lua_pushstring(T, err ? err : "error");
-        nres = 2;
-    }
-    t->signal = NULL;
-    rb_task_free(t);
-    rb_await_resolve(w, nres);
-}
-
-/* The state closes with the guarded run still waiting: only its record is ours to free (the
- * caller's wait goes with the caller's task). */
-static void on_guarded_closed(rb_task *t)
-{
-    free(t->ud);
-    t->ud = NULL;
-}
-
-static int l_lease_run(lua_State *L)
-{
-    lua_lease *h = check_handle(L);
-    luaL_checktype(L, 2, LUA_TFUNCTION);
-    if (h->guarded) return rb_misuse(L, "_run: this lease already guards a run");
-    if (!h->l || rb_lease_over(h->l)) {
-        /* Over already (a process frozen between the acquire and here): fn must not start,
-         * another process may hold the name by now. */
-        if (h->l && h->signal) rb_signal_fire(h->signal, RB_ABORT_LEASE);
-        lua_pushnil(L);
-        lua_pushliteral(L, "aborted");
-        return 2;
-    }
-    rb_module *m = h->m;
-    rb_await *w = rb_await_begin(L);
-    if (!w) return 2;
-    guarded_run *g = rb_malloc(sizeof *g);
-    if (!g) {
-        free(w);
-        return luaL_error(L, "relaybus: out of memory");
-    }
-    int nargs = lua_gettop(L) - 2;
-    rb_task *t = rb_task_new(m, m->L, nargs);
-    if (!t) {
-        free(g);
-        free(w);
-        return luaL_error(L, "relaybus: out of memory");
-    }
-    g->w = w;
-    g->h = h;
-    t->ud = g;
-    t->on_end = on_guarded_end;
-    t->on_close = on_guarded_closed;
-    t->signal = h->signal;
-    t->deadline = rb_lease_deadline(h->l);
-    h->guarded = t;
-    lua_xmove(L, t->co, nargs + 1);     /* fn and its arguments */
-    rb_task_install_hook(t);
-    rb_task_start(t, nargs);
-    return rb_await_finish(L, w);
-}
-
+static int l_lease_extend(lua_State *L) { return lease_op(L, OP_EXTEND); }
+static int l_lease_release(lua_State *L) { return lease_op(L, OP_RELEASE); }
 static int l_lease_index(lua_State *L)
 {
     lua_lease *h = luaL_checkudata(L, 1, RB_LEASE_MT);
@@ -299,15 +252,28 @@ static int l_lease_index(lua_State *L)
 static int l_lease_gc(lua_State *L)
 {
     lua_lease *h = luaL_checkudata(L, 1, RB_LEASE_MT);
-    if (h->l) rb_lease_free(h->l);
+    if (h->l && !h->every) rb_lease_free(h->l);
     h->l = NULL;
+    /* A handle collected with operations in flight: at the state's closing (a waiting task
+     * keeps its handle on its stack), or after its task's wait was abandoned (an abort).
+     * Their waits go with their tasks; their records here, or with the borrowed lease. */
+    while (h->own_ops) {
+        done_wait *dw = h->own_ops;
+        RB_LIST_REMOVE(&h->own_ops, dw);
+        free(dw);
+    }
+    if (h->every) {
+        for (done_wait *dw = h->every->ops; dw; dw = dw->next)
+            if (dw->h == h) dw->h = NULL;
+        every_unref(h->every);
+        h->every = NULL;
+    }
     return 0;
 }
 
 static const luaL_Reg lease_methods[] = {
     {"extend", l_lease_extend},
     {"release", l_lease_release},
-    {"_run", l_lease_run},
     {NULL, NULL}
 };
 
@@ -315,6 +281,145 @@ static const luaL_Reg local_leases_methods[] = {
     {"try_acquire", l_local_try_acquire},
     {NULL, NULL}
 };
+
+/* ---- d:every's runs ------------------------------------------------------------------------ */
+/* The job is the runtime's (rb_dispatcher_every); each run is a task guarded by the job's lease
+ * like handle:_run's, given ctx {name, lease, signal, deadline, sleep}. ctx.lease is a borrowed
+ * handle: detached when the run ends (later calls are misuse), and its operations still in
+ * flight then are answered, or freed with the job. */
+
+static void every_run_over(rb_task *t, lua_every *e)
+{
+    if (e->h) {
+        if (e->h->guarded == t) e->h->guarded = NULL;
+        e->h->l = NULL;
+        e->h = NULL;
+    }
+}
+
+static void on_every_end(rb_task *t, int ok, const char *err)
+{
+    lua_every *e = t->ud;
+    rb_every_run *run = e->run;
+    e->run = NULL;
+    every_run_over(t, e);
+    t->signal = NULL;
+    t->ud = NULL;
+    rb_task_free(t);
+    rb_every_finish(run, ok, err);
+}
+
+/* The state closes with the run still suspended: it ends, unreported. */
+static void on_every_closed(rb_task *t)
+{
+    lua_every *e = t->ud;
+    rb_every_run *run = e->run;
+    e->run = NULL;
+    every_run_over(t, e);
+    t->ud = NULL;
+    rb_every_finish(run, 1, NULL);
+}
+
+static void every_abort(rb_every_run *run, void *ud)
+{
+    (void)run;
+    lua_every *e = ud;
+    if (e->h) on_expire(NULL, e->h);
+}
+
+/* ctx:sleep(s): as relaybus.sleep(s) */
+static int l_every_sleep(lua_State *L)
+{
+    lua_remove(L, 1);
+    return rb_lua_sleep(L);
+}
+
+static void every_start(rb_every_run *run, void *ud)
+{
+    lua_every *e = ud;
+    rb_module *m = e->m;
+    lua_State *L = m->L;
+    if (m->closing) {
+        rb_every_finish(run, 1, NULL);
+        return;
+    }
+    rb_task *t = rb_task_new(m, L, 1);
+    if (!t) {
+        rb_every_finish(run, 0, "out of memory");
+        return;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, e->fn_ref);
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, rb_every_name(run));
+    lua_setfield(L, -2, "name");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, e->store_ref);
+    lua_lease *h = push_handle(L, m, rb_every_lease(run), lua_gettop(L), e);
+    lua_remove(L, -2);
+    e->refs++;
+    lua_getiuservalue(L, -1, 1);
+    lua_setfield(L, -3, "signal");
+    lua_setfield(L, -2, "lease");
+    lua_pushnumber(L, rb_every_deadline(run));
+    lua_setfield(L, -2, "deadline");
+    lua_pushcfunction(L, l_every_sleep);
+    lua_setfield(L, -2, "sleep");
+    e->h = h;
+    e->run = run;
+    t->ud = e;
+    t->on_end = on_every_end;
+    t->on_close = on_every_closed;
+    t->signal = h->signal;
+    t->deadline = rb_every_deadline(run);
+    h->guarded = t;
+    lua_xmove(L, t->co, 2);     /* fn and ctx */
+    rb_task_install_hook(t);
+    rb_task_start(t, 1);
+}
+
+static void every_unref(lua_every *e)
+{
+    RB_ASSERT(e->refs > 0);
+    if (--e->refs > 0) return;
+    RB_ASSERT(!e->ops && !e->run);
+    free(e);
+}
+
+/* The job is freed, its lease with it: what was in flight on the lease is never answered. */
+static void every_free(void *ud)
+{
+    lua_every *e = ud;
+    while (e->ops) {
+        done_wait *dw = e->ops;
+        RB_LIST_REMOVE(&e->ops, dw);
+        free(dw);
+    }
+    if (!e->m->closing) {
+        luaL_unref(e->m->L, LUA_REGISTRYINDEX, e->fn_ref);
+        luaL_unref(e->m->L, LUA_REGISTRYINDEX, e->store_ref);
+    }
+    e->fn_ref = e->store_ref = LUA_NOREF;
+    every_unref(e);
+}
+
+void rb_lua_every_register(lua_State *L, rb_module *m, rb_dispatcher *d, int store_ref,
+                           const char *name, double interval, int fn_idx)
+{
+    lua_every *e = rb_calloc(1, sizeof *e);
+    if (!e) luaL_error(L, "relaybus: out of memory");
+    e->m = m;
+    e->refs = 1;
+    lua_pushvalue(L, fn_idx);
+    e->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, store_ref);
+    e->store_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    rb_every_def def = {.start = every_start, .abort = every_abort, .free = every_free, .ud = e};
+    if (rb_dispatcher_every(d, name, interval, &def) != 0) {
+        luaL_unref(L, LUA_REGISTRYINDEX, e->fn_ref);
+        luaL_unref(L, LUA_REGISTRYINDEX, e->store_ref);
+        free(e);
+        luaL_error(L, "relaybus: every: out of memory");
+    }
+}
 
 void rb_lua_leases_register(lua_State *L)
 {

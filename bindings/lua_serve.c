@@ -1,5 +1,5 @@
 /* lua_serve.c -- relaybus.serve{store = s, listen = "HOST:PORT", token = T}: the dashboard
- * (runtime/dashboard.h) on the module's loop. Its /metrics carries the metrics of every
+ * (runtime/serve/dashboard.h) on the module's loop. Its /metrics carries the metrics of every
  * dispatcher of this Lua state: the first serve makes the module's rb_metrics and attaches it
  * to the dispatchers there are, lua_dispatcher.c attaches it to those made later. The server
  * is the serve plugin (plugin.h), loaded by the first serve. A server
@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "dashboard.h"
-#include "metrics.h"
-#include "log.h"
-#include "plugin.h"
+#include "util/list.h"
+#include "serve/dashboard.h"
+#include "dispatch/metrics.h"
+#include "util/log.h"
+#include "plugin/plugin.h"
+#include "util/check.h"
 
 #define RB_SERVER_MT "relaybus.server"
 
@@ -21,7 +23,7 @@ struct lua_server {
     lua_store *st;
     int store_ref;
     int self_ref;               /* keeps it alive while it runs */
-    struct lua_server *next;
+    struct lua_server *prev, *next;     /* on the module's servers (list.h) */
 };
 
 rb_metrics *rb_lua_metrics(rb_module *m, int create)
@@ -42,8 +44,8 @@ static void server_stop(lua_State *L, lua_server *sv)
     sv->p->free_server(sv->dash);
     sv->dash = NULL;
     rb_module *m = sv->m;
-    for (lua_server **p = &m->servers; *p; p = &(*p)->next)
-        if (*p == sv) { *p = sv->next; break; }
+    RB_LIST_REMOVE(&m->servers, sv);
+    RB_ASSERT(m->nservers > 0);
     m->nservers--;
     if (L && !m->closing) {
         rb_lua_store_use(sv->st, -1, -1);
@@ -70,7 +72,10 @@ static const char *opt_string(lua_State *L, const char *name)
     lua_getfield(L, 1, name);
     if (lua_isnil(L, -1)) { lua_pop(L, 1); return NULL; }
     if (lua_type(L, -1) != LUA_TSTRING) rb_misuse(L, "serve: %s must be a string", name);
-    const char *s = lua_tostring(L, -1);
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
+    /* The dashboard reads C strings: a token "secret\0x" would be compared as "secret". */
+    if (strlen(s) != len) rb_misuse(L, "serve: %s must not contain a NUL byte", name);
     lua_pop(L, 1);      /* the options table keeps it alive */
     return s;
 }
@@ -120,8 +125,7 @@ static int l_serve(lua_State *L)
     lua_pushvalue(L, -1);
     sv->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     rb_lua_store_use(st, 1, 1);
-    sv->next = m->servers;
-    m->servers = sv;
+    RB_LIST_PUSH(&m->servers, sv);
     m->nservers++;
     rb_log(RB_LOG_INFO, "dashboard: serving %s%s", p->url(sv->dash),
            o.token ? "" : " (read-only: no token)");

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "log.h"
+#include "util/log.h"
+#include "util/check.h"
 
 struct lua_store {
     rb_store *s;
@@ -278,11 +279,7 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
                       int is_text)
 {
     memset(it, 0, sizeof *it);
-    if (lua_type(L, ti) != LUA_TSTRING || lua_rawlen(L, ti) == 0)
-        rb_misuse(L, "%s: topic must be a non-empty string", what);
-    it->topic = lua_tostring(L, ti);
-    /* Stores take C strings: a NUL would silently cut the topic short. */
-    if (strlen(it->topic) != lua_rawlen(L, ti)) rb_misuse(L, "%s: topic must not contain a NUL byte", what);
+    it->topic = rb_check_topic(L, ti, what);
     if (is_text) {
         char why[400];
         size_t len;
@@ -331,25 +328,66 @@ static int do_enqueue(lua_State *L, rb_store *s, rb_tx *tx, int is_text)
     return rb_await_finish(L, w);
 }
 
+/* The number of items of the list at idx, which must be a sequence: its positive numeric keys
+ * are 1..n (other keys, as table.pack's n, are not items). A list with a hole would lose the
+ * items past it unseen, since # may stop at any border: misuse, naming the first hole. */
+static size_t sequence_length(lua_State *L, int idx)
+{
+    size_t count = 0;
+    lua_Integer most = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TNUMBER) continue;
+        lua_Number k = lua_tonumber(L, -1);
+        if (!(k > 0)) continue;
+        if (!lua_isinteger(L, -1)) {
+            lua_pop(L, 1);
+            rb_misuse(L, "enqueue_many: the list is not a sequence: key %s is no item index",
+                      lua_pushfstring(L, "%f", k));
+        }
+        count++;
+        if (lua_tointeger(L, -1) > most) most = lua_tointeger(L, -1);
+    }
+    if ((lua_Integer)count != most) {
+        lua_Integer hole = 1;
+        while (lua_rawgeti(L, idx, hole) != LUA_TNIL) {
+            lua_pop(L, 1);
+            hole++;
+        }
+        rb_misuse(L, "enqueue_many: the list is not a sequence: it has no item %lld but has later "
+                     "ones (a nil in the list?)", (long long)hole);
+    }
+    return count;
+}
+
 static int do_enqueue_many(lua_State *L, rb_store *s, rb_tx *tx)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_settop(L, 2);
-    size_t n = lua_rawlen(L, 2);
+    size_t n = sequence_length(L, 2);
     if (n == 0) {
         lua_newtable(L);
         return 1;
     }
     rb_enqueue_item *items = lua_newuserdatauv(L, n * sizeof *items, 0);  /* freed by GC */
+    /* The strings the items point at (a payload's JSON text, a key given as a number) live in
+     * this table until the call ends: on the stack, a long list would overflow it. */
+    lua_createtable(L, (int)(n < 1000000 ? n : 1000000), 0);
+    int anchor = lua_gettop(L);
+    lua_Integer kept = 0;
     for (size_t i = 0; i < n; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "enqueue_many: item %zu", i + 1);
         lua_rawgeti(L, 2, (lua_Integer)i + 1);
-        if (!lua_istable(L, -1)) rb_misuse(L, "enqueue_many: item %d must be {topic, payload, opts}", (int)i + 1);
+        if (!lua_istable(L, -1)) rb_misuse(L, "%s: must be a table {topic, payload [, opts]}", what);
         int e = lua_gettop(L);
         lua_rawgeti(L, e, 1);
         lua_rawgeti(L, e, 2);
         lua_rawgeti(L, e, 3);
-        read_item(L, e + 1, e + 2, e + 3, &items[i], "enqueue_many", 0);
-        /* the strings stay on the stack until the call ends */
+        read_item(L, e + 1, e + 2, e + 3, &items[i], what, 0);
+        while (lua_gettop(L) > e) lua_rawseti(L, anchor, ++kept);
+        lua_pop(L, 1);
     }
     luaL_checkstack(L, 4, NULL);
     rb_await *w = rb_await_begin(L);
@@ -415,18 +453,26 @@ static int l_store_list(lua_State *L)
     return rb_await_finish(L, w);
 }
 
-static int l_store_topic_stats(lua_State *L)
+/* Awaits a store operation that answers rows (op NULL: the store has none; `missing` says so). */
+static int await_rows(lua_State *L, rb_store *s, void (*op)(rb_store *, rb_rows_cb, void *),
+                      rb_rows_cb on_rows, const char *missing)
 {
-    rb_store *s = check_lua_store(L, 1)->s;
-    if (!s->vt->topic_stats) {
+    if (!op) {
         lua_pushnil(L);
-        lua_pushfstring(L, "%s: counts per topic are not supported here", s->vt->name);
+        lua_pushfstring(L, "%s: %s", s->vt->name, missing);
         return 2;
     }
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    s->vt->topic_stats(s, on_topic_stats, w);
+    op(s, on_rows, w);
     return rb_await_finish(L, w);
+}
+
+static int l_store_topic_stats(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    return await_rows(L, s, s->vt->topic_stats, on_topic_stats,
+                      "counts per topic are not supported here");
 }
 
 static int l_store_stats(lua_State *L)
@@ -459,6 +505,67 @@ static int l_store_kick(lua_State *L)
     if (!w) return 2;
     s->vt->kick(s, mode, id, on_count, w);
     return rb_await_finish(L, w);
+}
+
+static void on_changed(void *ud, const char *err, int64_t count)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_pushboolean(T, count > 0);
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+/* store:pause(topic) / store:resume(topic): true when that changed the topic's state, false
+ * when it already was so. */
+static int pause_or_resume(lua_State *L, int paused)
+{
+    const char *what = paused ? "pause" : "resume";
+    rb_store *s = check_lua_store(L, 1)->s;
+    const char *topic = rb_check_topic(L, 2, what);
+    if (!s->vt->pause) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s is not supported here", s->vt->name, what);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->pause(s, topic, paused, on_changed, w);
+    return rb_await_finish(L, w);
+}
+
+static int l_store_pause(lua_State *L) { return pause_or_resume(L, 1); }
+static int l_store_resume(lua_State *L) { return pause_or_resume(L, 0); }
+
+static void on_paused(void *ud, const char *err, rb_rowset *rs)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_createtable(T, rs ? (int)rs->nrows : 0, 0);
+        for (size_t i = 0, k = 0; rs && rs->ncols >= 1 && i < rs->nrows; i++) {
+            const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
+            if (v[0].type != RB_VTEXT) continue;
+            lua_pushlstring(T, v[0].s, v[0].len);
+            lua_rawseti(T, -2, (lua_Integer)++k);
+        }
+        nres = 1;
+    }
+    rb_rowset_free(rs);
+    rb_await_resolve(w, nres);
+}
+
+/* store:paused(): the paused topics' names, sorted. */
+static int l_store_paused(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    return await_rows(L, s, s->vt->paused, on_paused, "pause is not supported here");
 }
 
 static const char *const purge_opts[] = {"status", "older_than", "limit", NULL};
@@ -626,7 +733,7 @@ int rb_lua_open_store(lua_State *L)
     return 1;
 }
 
-/* ---- wrapping stores (relaybus._faults) ------------------------------------------------------ */
+/* ---- wrapping stores (the specs' fault wrapper, testing/lua_testing.c) -------------------------------------------------- */
 /* The closed flag of the store object at idx: nonzero once it is closed. Valid while that
  * object lives (a wrapper made by rb_lua_push_wrapping_store keeps it alive). */
 const int *rb_lua_store_closed_flag(lua_State *L, int idx)
@@ -811,6 +918,7 @@ static int l_tx_end(lua_State *L, int commit)
     t->closed = 1;
     if (t->owner) {
         if (t->owner->tx_thread == L) t->owner->tx_thread = NULL;
+        RB_ASSERT(t->owner->transactions > 0);
         t->owner->transactions--;
     }
     if (!w) {
@@ -834,6 +942,7 @@ static int l_tx_gc(lua_State *L)
         t->closed = 1;
         if (t->owner) {
             t->owner->tx_thread = NULL;
+            RB_ASSERT(t->owner->transactions > 0);
             t->owner->transactions--;
         }
         rb_module *m = rb_module_get(L);
@@ -852,6 +961,9 @@ static const luaL_Reg store_methods[] = {
     {"_topic_stats", l_store_topic_stats},
     {"kick", l_store_kick},
     {"purge", l_store_purge},
+    {"pause", l_store_pause},
+    {"resume", l_store_resume},
+    {"paused", l_store_paused},
     {"try_acquire", rb_lua_try_acquire},
     {"close", l_store_close},
     {"kind", l_store_name},

@@ -1,19 +1,20 @@
 /* module.c -- the `relaybus` Lua module: its per-state data, the helpers now, time and run
  * (sleep and spawn are task.c's), the module table, and the embedded Lua chunks built on top
- * of the C primitives: the prelude (store:transaction, tx:collection, d:every, retention) and
+ * of the C primitives: the prelude (store:transaction, tx:collection, d:every) and
  * relaybus.webhook. relaybus.json is json.c, relaybus.http lua_http.c. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "metrics.h"
+#include "dispatch/metrics.h"
 #include "internal.h"
-#include "log.h"
+#include "util/log.h"
 #include "relaybus.h"
-#include "text.h"
+#include "util/text.h"
 #include "prelude_lua.h"
 #include "webhook_lua.h"
+#include "util/check.h"
 
 static const char MODULE_KEY = 'm';     /* registry key: light userdata of this address */
 static const char LOOP_KEY = 'l';
@@ -34,7 +35,6 @@ rb_module *rb_module_get(lua_State *L)
 }
 
 struct ev_loop *rb_module_loop(rb_module *m) { return m->loop; }
-lua_State *rb_module_main(rb_module *m) { return m->L; }
 
 void rb_module_on_cut(rb_module *m, void (*fn)(void *ud), void *ud)
 {
@@ -53,12 +53,13 @@ void rb_module_run_cut_hooks(rb_module *m)
  * is the message's start; a traceback still shows where). */
 int rb_misuse(lua_State *L, const char *fmt, ...)
 {
-    char msg[512];
+    char msg[512], line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    lua_pushfstring(L, "relaybus: %s", msg);
+    /* one line whatever the caller's names and values hold (a topic, an option's name) */
+    lua_pushfstring(L, "relaybus: %s", rb_one_line(line, sizeof line, msg));
     return lua_error(L);
 }
 
@@ -162,6 +163,7 @@ static int l_run(lua_State *L)
         else if (saw_dispatcher || (m->ntasks == 0 && m->nservers == 0)) break;
         ev_run(m->loop, EVRUN_ONCE);
     }
+    RB_ASSERT(m->run_depth > 0);
     m->run_depth--;
     return 0;
 }
@@ -232,6 +234,8 @@ static int l_gc_module(lua_State *L)
     rb_lua_stop_servers(m);
     rb_metrics_free(m->metrics);    /* the dispatchers went before the module */
     m->metrics = NULL;
+    /* the counts of lines the log left out would be lost with the process */
+    rb_log_flush();
     /* the module is collected last of relaybus's objects: nothing watches its loop now */
     if (m->own_loop && m->loop) {
         rb_loop_disown(m->loop);
@@ -245,15 +249,6 @@ static int l_gc_module(lua_State *L)
 static int l_unstarted(lua_State *L)
 {
     lua_pushinteger(L, rb_lua_unstarted(rb_module_get(L)));
-    return 1;
-}
-
-/* relaybus._fail_alloc(n): a test hook: the nth allocation of the C core from now fails
- * (0 turns it off); returns how many have failed through it so far (alloc.h). */
-static int l_fail_alloc(lua_State *L)
-{
-    lua_Integer n = luaL_checkinteger(L, 1);
-    lua_pushinteger(L, rb_alloc_fail_nth((long)(n > 0 ? n : 0)));
     return 1;
 }
 
@@ -371,8 +366,6 @@ static const luaL_Reg module_fns[] = {
     {"time", l_time},
     {"sleep", rb_lua_sleep},
     {"spawn", rb_lua_spawn},
-    {"_daemon", rb_lua_spawn_daemon},
-    {"_fail_alloc", l_fail_alloc},
     {"_unstarted", l_unstarted},
     {"run", l_run},
     {"pollfd", l_pollfd},
@@ -383,7 +376,6 @@ static const luaL_Reg module_fns[] = {
     {"local_leases", rb_lua_local_leases},
     {"_redact_url", l_redact_url},
     {"_redact_secrets", l_redact_secrets},
-    {"_faults", rb_lua_faults},
     {NULL, NULL}
 };
 
@@ -423,7 +415,6 @@ int luaopen_relaybus(lua_State *L)
         lua_setmetatable(L, -2);
         lua_rawsetp(L, LUA_REGISTRYINDEX, &MODULE_KEY);
         rb_lua_store_register(L);
-        rb_lua_faults_register(L);
         rb_lua_dispatcher_register(L);
         rb_lua_leases_register(L);
         rb_lua_serve_register(L);

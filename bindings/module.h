@@ -11,7 +11,6 @@ typedef struct rb_module rb_module;
 /* The module state of L (any thread of it). Raises if the module is not loaded. */
 rb_module *rb_module_get(lua_State *L);
 struct ev_loop *rb_module_loop(rb_module *m);
-lua_State *rb_module_main(rb_module *m);
 
 /* Transports register here: fn(ud) is called when the Lua state closes, to drop their open
  * transfers without calling back into Lua. */

@@ -20,8 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "log.h"
-#include "list.h"
+#include "util/log.h"
+#include "util/list.h"
+#include "util/check.h"
 
 struct rb_await {
     rb_task *task;          /* NULL when the caller blocks (main chunk) */
@@ -413,6 +414,7 @@ rb_task *rb_task_new(rb_module *m, lua_State *L, int nargs)
     rb_task *t = m->task_pool;
     if (t) {
         m->task_pool = t->queue_next;
+        RB_ASSERT(m->task_pool_n > 0);
         m->task_pool_n--;
         lua_State *co = t->co;
         int ref = t->co_ref;
@@ -579,6 +581,7 @@ static int sleep_add(rb_module *m, rb_await *w, double secs)
 static int heap_remove(rb_module *m, rb_await *w)
 {
     unsigned i = w->slot;
+    RB_ASSERT(m->nsleepers > 0);
     rb_await *last = m->sleepers[--m->nsleepers];
     w->slot = NOT_ASLEEP;
     if (last != w) {
@@ -648,12 +651,13 @@ static void on_spawned_end(rb_task *t, int ok, const char *err)
     rb_module *m = t->m;
     static rb_log_limit lim;
     if (!ok) rb_log_limited(&lim, RB_LOG_ERROR, "task failed: %s", err);
-    if (!t->daemon) m->ntasks--;
+    RB_ASSERT(m->ntasks > 0);
+    m->ntasks--;
     rb_module_wake_run(m);
     rb_task_free(t);
 }
 
-static int spawn(lua_State *L, int daemon)
+int rb_lua_spawn(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TFUNCTION);
     rb_module *m = rb_module_get(L);
@@ -661,18 +665,11 @@ static int spawn(lua_State *L, int daemon)
     rb_task *t = rb_task_new(m, m->L, nargs);
     if (!t) return luaL_error(L, "relaybus: out of memory");
     t->on_end = on_spawned_end;
-    t->daemon = daemon;
-    if (!daemon) m->ntasks++;
+    m->ntasks++;
     lua_xmove(L, t->co, nargs + 1);   /* the function and its arguments */
     rb_task_start(t, nargs);
     return 0;
 }
-
-int rb_lua_spawn(lua_State *L) { return spawn(L, 0); }
-
-/* relaybus._daemon(fn, ...): a task of the runtime's own (every, retention) that run() does
- * not wait for. */
-int rb_lua_spawn_daemon(lua_State *L) { return spawn(L, 1); }
 
 /* A task still alive when its state closes waits for something that will never come: its C
  * structs go with it. Its wait is only freed: a sleep's heap and timer go as a whole, other

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include "internal.h"
-#include "log.h"
+#include "util/log.h"
 
 #define LINGER 1.0          /* s the watchdog stays awake after the last watched resume */
 #define AFTER_FIRE 0.05     /* s between checks once it has set a hook, until the resume ends */

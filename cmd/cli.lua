@@ -236,6 +236,9 @@ Commands:
   list                   list deliveries, oldest first
   kick ID | --buried     put buried deliveries back to pending
   purge                  delete settled deliveries
+  pause TOPIC            no process starts a delivery of TOPIC until resumed
+  resume TOPIC           let TOPIC's deliveries start again
+  paused                 list the paused topics
   migrate                create or upgrade the schema
   dashboard [STORE-URL]  serve the web dashboard, /metrics and the JSON API
   help [COMMAND]         this help, or a command's
@@ -244,8 +247,9 @@ Every command takes:
 ]] .. STORE_HELP .. [[
 
 
-stats, list, kick and purge never create a schema: on a store without one they fail (run
-`relaybus migrate` first); enqueue and migrate create it. An option may be given once.
+stats, list, kick, purge, pause, resume and paused never create a schema: on a store
+without one they fail (run `relaybus migrate` first); enqueue and migrate create it. An
+option may be given once.
 
 Environment:
   RELAYBUS_STORE    the store when --store is not given
@@ -330,6 +334,35 @@ Options:
   --older-than S    only those older than S seconds (required; 0 for all)
 ]] .. STORE_HELP
 
+HELP.pause = [[
+Usage: relaybus pause TOPIC
+
+Pauses TOPIC for every process on the store, durably: no dispatcher starts a delivery of it
+until `relaybus resume TOPIC`. What runs now runs on; what is pending stays pending, its
+attempts untouched, and enqueues go on. Prints whether it was paused now or already.
+
+Options:
+]] .. STORE_HELP
+
+HELP.resume = [[
+Usage: relaybus resume TOPIC
+
+Resumes a paused TOPIC: its due deliveries start again (PostgreSQL wakes idle dispatchers at
+once; elsewhere they see it at their next poll). Prints whether it was resumed now or was
+not paused.
+
+Options:
+]] .. STORE_HELP
+
+HELP.paused = [[
+Usage: relaybus paused [--json]
+
+Lists the paused topics, one per line (with --json, a JSON array of their names).
+
+Options:
+  --json            print a JSON array
+]] .. STORE_HELP
+
 HELP.migrate = [[
 Usage: relaybus migrate [OPTIONS]
 
@@ -352,6 +385,9 @@ local SPECS = {
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag" } },
   kick = { options = { buried = "flag" } },
   purge = { options = { completed = "flag", buried = "flag", ["older-than"] = "seconds" } },
+  pause = { options = {} },
+  resume = { options = {} },
+  paused = { options = { json = "flag" } },
   migrate = { options = {} },
   dashboard = { options = { listen = "string", token = "string" } },
 }
@@ -513,6 +549,17 @@ function CHECKS.purge(c, pos)
   if c.opts["older-than"] == nil then usage("purge: missing --older-than S (0 for all)") end
 end
 
+local function topic_arg(cmd, c, pos)
+  max_args(cmd, pos, 1)
+  c.topic = pos[1]
+  if not c.topic then usage("%s: missing TOPIC (see relaybus %s --help)", cmd, cmd) end
+  if c.topic == "" then usage("%s: TOPIC must not be empty", cmd) end
+end
+
+function CHECKS.pause(c, pos) topic_arg("pause", c, pos) end
+function CHECKS.resume(c, pos) topic_arg("resume", c, pos) end
+function CHECKS.paused(c, pos) max_args("paused", pos, 0) end
+
 function CHECKS.migrate(c, pos) max_args("migrate", pos, 0) end
 
 function CHECKS.dashboard(c, pos)
@@ -664,11 +711,16 @@ function commands.run(c)
   local ok, serr = xpcall(chunk, function(e)
     if type(e) == "string" then return e end
     local mt = getmetatable(e)
-    if mt and mt.__tostring then return tostring(e) end
+    if mt and mt.__tostring then
+      local tok, text = pcall(tostring, e)    -- a __tostring that raises too
+      if tok and type(text) == "string" then return text end
+    end
     return "(error object is a " .. type(e) .. " value)"
   end, table.unpack(c.script_args))
   if not ok then
-    io.stderr:write("relaybus: ", show(scrub(tostring(serr)), nil, true), "\n")
+    -- a misuse error already starts with "relaybus: ": one prefix, not two
+    local text = tostring(serr):gsub("^relaybus: ", "")
+    io.stderr:write("relaybus: ", show(scrub(text), nil, true), "\n")
     io.stderr:flush()
     -- Stop what the script started, gracefully, before failing.
     host.stop_all()
@@ -801,6 +853,32 @@ function commands.purge(c)
     end
   end
   io.stdout:write(fmt_int(total), "\n")
+  store:close()
+  return EXIT_OK
+end
+
+-- pause and resume: what they print when they changed the topic, and when it already was so
+local PAUSE_SAYS = { pause = { "paused ", "already paused: " }, resume = { "resumed ", "not paused: " } }
+
+local function pause_or_resume(c)
+  local store = open_store(c, false)
+  local changed = call(c, store, c.name, c.topic)
+  io.stdout:write(PAUSE_SAYS[c.name][changed and 1 or 2], show(c.topic, 80), "\n")
+  store:close()
+  return EXIT_OK
+end
+commands.pause = pause_or_resume
+commands.resume = pause_or_resume
+
+function commands.paused(c)
+  local store = open_store(c, false)
+  local topics = call(c, store, "paused")
+  if c.opts.json then
+    io.stdout:write(json_array(topics), "\n")
+  else
+    for _, t in ipairs(topics) do io.stdout:write(show(t, 200), "\n") end
+    if #topics == 0 then io.stderr:write("(no paused topics)\n") end
+  end
   store:close()
   return EXIT_OK
 end

@@ -15,7 +15,7 @@
 #include <lualib.h>
 
 #include "relaybus.h"
-#include "log.h"
+#include "util/log.h"
 #include "cli_lua.h"
 
 static lua_State *host_L;
@@ -118,7 +118,7 @@ static void print_error(const char *msg)
 /* libmongoc keeps counters in /dev/shm/mongoc-PID from the moment it loads; a file left by a
  * killed process whose PID we now reuse makes it print a warning, which would break the
  * one-line stderr promise. Without shared-memory counters nothing is left behind. The
- * MongoDB plugin (runtime/plugin.h) loads libmongoc on first use, after this. */
+ * MongoDB plugin (runtime/plugin/plugin.h) loads libmongoc on first use, after this. */
 static void without_mongoc_shm(void)
 {
     setenv("MONGOC_DISABLE_SHM", "1", 0);

@@ -17,7 +17,7 @@
 #include <string.h>
 #include "workload_host.h"
 
-/* runtime/timer.c lists the timers of at most 8 owned loops per thread (rb_loop_own) */
+/* runtime/util/timer.c lists the timers of at most 8 owned loops per thread (rb_loop_own) */
 #define MAX_RUNTIMES 8
 #define MAX_ARGS 32
 

@@ -9,7 +9,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 #include "relaybus.h"
-#include "text.h"
+#include "util/text.h"
 #include "cli_lua.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)

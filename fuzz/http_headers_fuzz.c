@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include "base64.h"
-#include "http.h"
+#include "util/base64.h"
+#include "http/http.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 

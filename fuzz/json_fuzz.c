@@ -11,7 +11,7 @@
 #include <lualib.h>
 #include "internal.h"
 #include "relaybus.h"
-#include "text.h"
+#include "util/text.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <jansson.h>
-#include "mongo/mstore.h"
+#include "stores/mongo/mstore.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 

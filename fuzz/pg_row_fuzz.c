@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "store_pg.h"
+#include "stores/pg/store_pg.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 #define NCOLS 13

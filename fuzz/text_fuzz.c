@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "text.h"
+#include "util/text.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 

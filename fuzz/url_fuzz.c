@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "store.h"
-#include "text.h"
+#include "stores/store.h"
+#include "util/text.h"
 
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 

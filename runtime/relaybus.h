@@ -18,13 +18,13 @@
 #define RELAYBUS_H
 
 #include <ev.h>
-#include "delivery.h"
-#include "store.h"
-#include "dispatcher.h"
-#include "leases.h"
-#include "http.h"
-#include "metrics.h"
-#include "dashboard.h"
+#include "stores/delivery.h"
+#include "stores/store.h"
+#include "dispatch/dispatcher.h"
+#include "stores/leases.h"
+#include "http/http.h"
+#include "dispatch/metrics.h"
+#include "serve/dashboard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,8 +61,11 @@ int rb_lua_busy(struct lua_State *L);
  *   rb_lua_step      runs what is ready and never blocks. budget > 0: once that many seconds
  *                    are spent it resumes no more handlers; the rest runs at the next step.
  *                    First it aborts runs whose deadline passed while the host did not step.
- *                    0, or -1 with the error on L's stack (called from inside the runtime, or
- *                    on a runtime that runs on the host's loop).
+ *                    Returns 0 when it stepped, whatever the handlers did (their failures
+ *                    settle as usual); -1, having run nothing, when it cannot step (called
+ *                    from inside the runtime, on a runtime that runs on the host's loop, or a
+ *                    budget that is not 0 to 100 years), with the error pushed on L's stack
+ *                    for the caller to pop.
  * A host that sleeps until the descriptor is readable or the timeout passes, then steps,
  * keeps every lease. */
 int rb_lua_pollfd(struct lua_State *L);

@@ -20,7 +20,7 @@ PACKAGES=(
   faketime                          # the timing spec steps and skews wall clocks
   libuv1-dev                        # examples/uv_host.c (make examples)
   lua-luv lua-cqueues               # examples/luv_host.lua, examples/cqueues_host.lua
-  libmicrohttpd-dev                 # the dashboard's HTTP server (runtime/dashboard.c)
+  libmicrohttpd-dev                 # the dashboard's HTTP server (runtime/serve/dashboard.c)
   lua-socket                        # spec/dashboard_spec.lua: raw and slow HTTP clients
   prometheus                        # promtool checks the /metrics text (spec/dashboard_spec.lua)
   chromium                          # the browser spec (spec/browser_spec.lua, playwright-core)

@@ -4,6 +4,7 @@
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local relaybus = S.relaybus()
+local testing = S.testing()   -- the specs' own module (testing/lua_testing.c)
 
 local GRACE = 0.1  -- the grace (docs/guarantees.md) between an abort and the interruption of spinning Lua
 local TOL = 0.3    -- scheduling slack on a loaded machine
@@ -90,7 +91,7 @@ for _, entry in ipairs(S.list()) do
     -- the handler first. Returns what the handler saw, and checks what must hold either way:
     -- the answer is true, the Lua after it runs (well within the grace), the delivery is done.
     local function late_complete(topic, delay, timeout, before)
-      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = delay, max_delay = delay })
+      local slow = testing.faults(store, { ops = { settle = { late = 1 } }, min_delay = delay, max_delay = delay })
       local res = {}
       local id = assert(store:enqueue(topic, 1, { max_attempts = 1 }))
       local d = H.dispatcher(slow)
@@ -185,7 +186,7 @@ for _, entry in ipairs(S.list()) do
     -- and its final write (the timeout) lands after the extension; a settle after the abort
     -- is refused without reaching the store.
     it("ctx:extend_lease answered after the deadline ends at the deadline; the timeout still settles", function()
-      local slow = relaybus._faults(store, { ops = { settle = { late = 1 } }, min_delay = 2, max_delay = 2 })
+      local slow = testing.faults(store, { ops = { settle = { late = 1 } }, min_delay = 2, max_delay = 2 })
       local id = assert(store:enqueue("ab.late_extend", 1, { max_attempts = 1 }))
       local d = H.dispatcher(slow)
       local stop = H.stopper(d, 15)

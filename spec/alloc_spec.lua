@@ -1,15 +1,16 @@
 -- alloc_spec.lua -- the allocation-failure run, as Lua's own test suite does it: for N over a
--- range, the Nth allocation of relaybus's C core fails (relaybus._fail_alloc) while a dispatcher
+-- range, the Nth allocation of relaybus's C core fails (testing.fail_alloc) while a dispatcher
 -- claims, runs and settles deliveries through the Lua binding. Nothing may crash (CI runs it
 -- under ASan/UBSan too); an operation may fail with a clear error; and afterwards no delivery
 -- is lost, and none is completed unless its handler returned.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
 local relaybus = S.relaybus()
+local testing = S.testing()   -- the specs' own module (testing/lua_testing.c)
 
 local function one_round(store, n, returned)
   local ids, errors = {}, {}
-  relaybus._fail_alloc(n)
+  testing.fail_alloc(n)
   local d
   local ok, err = pcall(function()
     for i = 1, 6 do
@@ -30,7 +31,7 @@ local function one_round(store, n, returned)
     end
     d:stop{ timeout = 0.3 }:wait()
   end)
-  relaybus._fail_alloc(0)
+  testing.fail_alloc(0)
   if not ok then errors[#errors + 1] = err end
   -- whatever failed, a dispatcher that started can be stopped, and then it has stopped
   if d and d:stats().running then d:stop{ timeout = 0.3 }:wait() end
@@ -52,12 +53,12 @@ for _, entry in ipairs(S.list()) do
         local store = S.open(entry)
         local returned, all = {}, {}
         local last = tonumber(os.getenv("RELAYBUS_ALLOC_N") or "") or 250
-        local failed = relaybus._fail_alloc(0)
+        local failed = testing.fail_alloc(0)
         for n = 1, last do
           for _, id in ipairs(one_round(store, n, returned)) do all[#all + 1] = id end
         end
         -- every allocation of a round was made to fail once
-        local landed = relaybus._fail_alloc(0) - failed
+        local landed = testing.fail_alloc(0) - failed
         assert.is_true(landed >= 100, "only " .. landed .. " of the Ns landed in a round")
         -- every delivery still exists; once leases run out a clean dispatcher finishes them all
         relaybus.sleep(1.2)

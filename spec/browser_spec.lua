@@ -54,6 +54,8 @@ describe("the dashboard in a browser", function()
       assert.matches("\n", r.payload, 1, true)    -- pretty-printed
       assert.matches("card declined: insufficient funds <b>42</b>", r.last_error, 1, true)
       assert.matches("kick: this action needs Authorization", r.without_token, 1, true)
+      assert.matches("delete: this action needs Authorization", r.delete_refused, 1, true)
+      assert.is_true(r.detail_shown, "a refused delete hid the delivery and its error")
       assert.equal("kick: done (1)", r.with_token)
       assert.equal("pending", r.after_kick)
       assert.truthy(S.exists(out .. "/dashboard.png"))

@@ -257,6 +257,7 @@ describe("the command", function()
     local READ_ONLY = {
       { "stats" }, { "list" }, { "list", "--json" }, { "kick", "--buried" }, { "kick", "7" },
       { "purge", "--completed", "--buried", "--older-than", "0" },
+      { "pause", "t" }, { "resume", "t" }, { "paused" }, { "paused", "--json" },
     }
     local function assert_no_schema(code, out, err, what)
       assert.equal(1, code, what .. ": " .. err)
@@ -479,6 +480,9 @@ describe("the command", function()
       { "purge", "--completed", "--older-than", "-5" }, { "purge", "--completed", "--older-than", "inf" },
       { "purge", "--buried", "--older-than" }, { "migrate", "now" },
       { "run" }, { "run", "--table", "t", "x.lua" }, { "run", "" },
+      { "pause" }, { "pause", "" }, { "pause", "a", "b" }, { "pause", "a", "--json" },
+      { "resume" }, { "resume", "" }, { "resume", "a", "b" }, { "paused", "x" },
+      { "paused", "--json", "--json" },
     }
 
     it("every usage error exits 2 with one line on stderr and writes nothing", function()
@@ -501,6 +505,34 @@ describe("the command", function()
       local store = assert(relaybus.open(url))
       assert.equal(0, (H.total(store)))
       store:close()
+    end)
+
+    it("pause, resume and paused: what they print, and what the store keeps", function()
+      local url = sqlite_url()
+      local function run(...)
+        local a = { ... }
+        a[#a + 1] = "--store=" .. url
+        local code, out, err = cmd(a)
+        assert.equal(0, code, err)
+        return out, err
+      end
+      run("migrate")
+      assert.equal("paused mail\n", (run("pause", "mail")))
+      assert.equal("already paused: mail\n", (run("pause", "mail")))
+      assert.equal("paused a\\x1bb\n", (run("pause", "a\27b")))    -- shown inert
+      local out = run("paused")
+      assert.equal("a\\x1bb\nmail\n", out)
+      assert.equal('["a\\u001bb","mail"]\n', (run("paused", "--json")))
+      local store = assert(relaybus.open(url))
+      assert.same({ "a\27b", "mail" }, assert(store:paused()))
+      store:close()
+      assert.equal("resumed mail\n", (run("resume", "mail")))
+      assert.equal("not paused: mail\n", (run("resume", "mail")))
+      run("resume", "a\27b")
+      local none, err = run("paused")
+      assert.equal("", none)
+      assert.equal("(no paused topics)\n", err)
+      assert.equal("[]\n", (run("paused", "--json")))
     end)
 
     it("accepts the largest values it allows, on every store", function()

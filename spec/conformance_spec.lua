@@ -4,6 +4,7 @@
 -- field, kick, purge, stats, transactions and transactional handlers.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
+local D = require "spec.support.dash"
 local relaybus = S.relaybus()
 
 local function total(store) return (H.total(store)) end
@@ -1060,6 +1061,195 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("pause and resume", function()
+      -- pause and resume answer true or false, or nil and an error
+      local function answer(v, err) assert.is_nil(err) return v end
+
+      it("pause and resume say whether they changed the topic; paused lists the paused, sorted", function()
+        assert.same({}, assert(store:paused()))
+        assert.is_true(assert(store:pause("pz.b")))
+        assert.is_false(answer(store:pause("pz.b")))
+        assert.is_true(assert(store:pause("pz.a")))
+        assert.same({ "pz.a", "pz.b" }, assert(store:paused()))
+        assert.is_true(assert(store:resume("pz.b")))
+        assert.is_false(answer(store:resume("pz.b")))
+        assert.is_false(answer(store:resume("pz.never")))
+        assert.same({ "pz.a" }, assert(store:paused()))
+        assert.is_true(assert(store:pause("pz.b")))     -- paused again after a resume
+        assert.same({ "pz.a", "pz.b" }, assert(store:paused()))
+      end)
+
+      it("refuses a topic that enqueue refuses: none, empty, not a string, with a NUL", function()
+        for _, bad in ipairs { {}, { "" }, { 5 }, { "a\0b" } } do
+          assert.has_error(function() store:pause(bad[1]) end)
+          assert.has_error(function() store:resume(bad[1]) end)
+        end
+        assert.same({}, assert(store:paused()))
+      end)
+
+      it("hostile topics (not UTF-8, 100 KB, pattern characters): pause answers or fails in one line, and holds", function()
+        local held, ran = {}, {}
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        for _, t in ipairs { "\xff\xfe", string.rep("x", 100000), "a.*", "$where", "a%b", "_" } do
+          local ok, err = store:pause(t)
+          if ok == nil then
+            H.one_line(err, "pause of a hostile topic")  -- (PostgreSQL refuses bytes that are not UTF-8)
+          else
+            assert.is_true(ok)
+            assert.is_false(answer(store:pause(t)))
+            local id = store:enqueue(t, 1)
+            if id then held[#held + 1] = id end
+            d:handle(t, function(del) ran[#ran + 1] = del.id end)
+          end
+        end
+        assert.is_true(#held >= 4, "fewer hostile topics were taken than expected")
+        d:handle("pz.control", function() relaybus.spawn(function() relaybus.sleep(0.5) stop() end) end)
+        assert(store:enqueue("pz.control", 1))
+        assert.is_true((H.run(d, 20)))
+        assert.same({}, ran)
+        for _, id in ipairs(held) do expect(store, id, { status = "pending", attempts = 0 }) end
+      end)
+
+      it("a paused topic is durable: another connection and a reopened store see it", function()
+        assert.is_true(assert(store:pause("pz.durable")))
+        local other = assert(relaybus.open(url, opts))
+        assert.same({ "pz.durable" }, assert(other:paused()))
+        assert.is_true(assert(other:resume("pz.durable")))
+        other:close()
+        assert.same({}, assert(store:paused()))
+      end)
+
+      it("nothing of a paused topic starts, uncounted, while the others run; resume runs it", function()
+        local held = assert(store:enqueue("pz.held", { n = 1 }))
+        assert.is_true(assert(store:pause("pz.held")))
+        local free = assert(store:enqueue("pz.free", { n = 2 }))
+        local ran = {}
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("pz.held", function(del) ran[#ran + 1] = del.id end)
+        d:handle("pz.free", function(del) ran[#ran + 1] = del.id end)
+        relaybus.spawn(function()
+          assert.truthy(H.poll(function() return #ran == 1 end, 10), "the free topic never ran")
+          relaybus.sleep(0.5)       -- ten polls: none takes the paused one
+          local r = assert(store:get(held))
+          assert.equal("pending", r.status)
+          assert.equal(0, r.attempts)
+          assert.is_true(assert(store:resume("pz.held")))
+          assert.truthy(H.poll(function() return #ran == 2 end, 10), "the resumed topic never ran")
+          stop()
+        end)
+        assert.is_true((H.run(d, 20)))
+        assert.same({ free, held }, ran)
+        expect(store, held, { status = "completed", attempts = 1 })
+      end)
+
+      it("a pause made through another connection stops a running dispatcher's next claims", function()
+        local other = assert(relaybus.open(url, opts))
+        local ran, late = 0, nil
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("pz.live", function() ran = ran + 1 end)
+        relaybus.spawn(function()
+          assert(store:enqueue("pz.live", 1))
+          assert.truthy(H.poll(function() return ran == 1 end, 10), "nothing ran before the pause")
+          assert.is_true(assert(other:pause("pz.live")))
+          late = assert(other:enqueue("pz.live", 2))
+          relaybus.sleep(0.6)
+          assert.equal(1, ran, "a delivery of the paused topic started")
+          assert.is_true(assert(other:resume("pz.live")))
+          assert.truthy(H.poll(function() return ran == 2 end, 10), "the resumed topic never ran")
+          stop()
+        end)
+        assert.is_true((H.run(d, 20)))
+        other:close()
+        expect(store, late, { status = "completed", attempts = 1 })
+      end)
+    end)
+
+    describe("bury and kick of a running delivery", function()
+      -- An operator buries a running delivery and kicks it back (the dashboard's buttons): the
+      -- kick must not let a new run start while the old one may still act, that is before the
+      -- old lease's expiry; the old run learns at its next renewal that the lease is gone.
+      local function bury_then_kick(kick_path, kicked, twice)
+        local id = assert(store:enqueue("bk.run", 1))
+        local runs, lease_end = {}, nil
+        D.with_server(store, { token = D.TOKEN }, function(_, call)
+          local d = H.dispatcher(store, { lease_duration = 3 })
+          local stop = H.stopper(d)
+          d:handle("bk.run", function(_, ctx)
+            local run = { start = relaybus.time() }
+            runs[#runs + 1] = run
+            if #runs > 1 then stop() return end
+            while not ctx.signal.aborted do ctx:sleep(0.05) end
+            run.ended, run.reason = relaybus.time(), ctx.signal.reason
+          end)
+          d:start()
+          assert.truthy(H.poll(function() return #runs == 1 end, 10), "no first run")
+          lease_end = assert(store:get(id)).lease_expires_at
+          local bs, _, bj = call("POST", "/api/deliveries/" .. id .. "/bury", D.auth)
+          assert.equal(200, bs, bj and bj.error)
+          local buried = assert(store:get(id))
+          assert.equal("buried", buried.status)
+          local ks, _, kj = call("POST", kick_path(id), D.auth)
+          assert.equal(200, ks, kj and kj.error)
+          assert.equal(kicked, kj.count)
+          if twice then     -- buried again while pending and kicked again: the wait stays
+            local b2 = call("POST", "/api/deliveries/" .. id .. "/bury", D.auth)
+            assert.equal(200, b2)
+            local k2, _, kj2 = call("POST", kick_path(id), D.auth)
+            assert.equal(200, k2, kj2 and kj2.error)
+          end
+          local k = assert(store:get(id))
+          assert.is_true(k.run_at >= lease_end - 0.05,
+                         ("kicked due at %.3f, before the old lease's end %.3f"):format(k.run_at, lease_end))
+          assert.equal("pending", k.status, "claimed again while the old lease ran")
+          assert.truthy(H.poll(function() return #runs == 2 end, 15), "the kicked delivery never ran again")
+          assert.truthy(H.poll(function() return stop.elapsed end, 5), "the dispatcher did not stop")
+        end)
+        assert.equal(2, #runs)
+        assert.equal("lease", runs[1].reason, "the old run was not told its lease is gone")
+        assert.is_true(runs[1].ended < lease_end, "the old run went on to its lease's end")
+        assert.is_true(runs[2].start >= lease_end - 0.05,
+                       ("second run %.3f s before the first's lease ended"):format(lease_end - runs[2].start))
+        expect(store, id, { status = "completed" })
+      end
+
+      it("a kick of one makes no second run start before the first's lease ends", function()
+        bury_then_kick(function(id) return "/api/deliveries/" .. id .. "/kick" end, 1)
+      end)
+
+      it("a kick of every buried one does the same", function()
+        bury_then_kick(function() return "/api/deliveries/kick?status=buried" end, 1)
+      end)
+
+      it("a second bury and kick before the old lease ends keeps the wait", function()
+        bury_then_kick(function(id) return "/api/deliveries/" .. id .. "/kick" end, 1, true)
+      end)
+
+      it("a kick after the old lease ended makes it due at once", function()
+        local id = assert(store:enqueue("bk.late", 1))
+        local ran = 0
+        D.with_server(store, { token = D.TOKEN }, function(_, call)
+          local d = H.dispatcher(store, { lease_duration = 0.6 })
+          d:handle("bk.late", function(_, ctx)
+            ran = ran + 1
+            if ran == 1 then while not ctx.signal.aborted do ctx:sleep(0.05) end end
+          end)
+          d:start()
+          assert.truthy(H.poll(function() return ran == 1 end, 10))
+          assert.equal(200, (call("POST", "/api/deliveries/" .. id .. "/bury", D.auth)))
+          d:stop { timeout = 2 }
+          local lease_end = assert(store:get(id)).lease_expires_at or relaybus.time()
+          relaybus.sleep(math.max(0, lease_end - relaybus.time()) + 0.1)
+          local t = relaybus.time()
+          assert.equal(200, (call("POST", "/api/deliveries/" .. id .. "/kick", D.auth)))
+          H.near(t, assert(store:get(id)).run_at, 1, "run_at")
+        end)
+        assert.equal(1, ran)
+      end)
+    end)
+
     describe("transactions", function()
       local function needs_rs()
         return entry.kind == "mongodb" and not H.mongo_replica_set(store)
@@ -1174,6 +1364,149 @@ for _, entry in ipairs(S.list { dialects = true }) do
           assert.equal(3, runs)
           assert.equal("completed", assert(store:get(id)).status)
           assert.equal(1, #app_rows())
+        end)
+
+        -- Statements that would end the transaction relaybus ends, in the forms a user may
+        -- write them: refused, and the transaction can then only roll back.
+        local control = { "COMMIT", "ROLLBACK", "BEGIN", "SAVEPOINT s1", "RELEASE s1", "END",
+          "  /* a comment */ -- and another\n commit" }
+        if entry.name == "postgresql" then
+          for _, c in ipairs { "START TRANSACTION", "ABORT", "COMMIT AND CHAIN",
+            "PREPARE TRANSACTION 'rb_x'", "/* nested /* comment */ */ rollback", "COMMIT PREPARED 'rb_x'" } do
+            control[#control + 1] = c
+          end
+        end
+        local function insert(tx, n, note)
+          return tx:exec("INSERT INTO " .. app .. " (n, note) VALUES (" .. ph(1) .. ", " .. ph(2) .. ")", n, note)
+        end
+
+        it("refuses transaction control in tx:exec and tx:query, and the transaction then rolls back whatever fn does", function()
+          for _, stmt in ipairs(control) do
+            for _, how in ipairs { "exec", "query" } do
+              local seen
+              local ok, err = store:transaction(function(tx)
+                assert(insert(tx, 1, "not kept"))
+                local r, e = tx[how](tx, stmt)
+                seen = e
+                assert.is_nil(r, stmt)
+                return "fn returned normally"
+              end)
+              assert.is_nil(ok, stmt)
+              H.one_line(seen)
+              assert.truthy(seen:find("refused inside a transaction", 1, true), seen)
+              assert.equal(seen, err)
+              assert.same({}, app_rows(), stmt)
+            end
+          end
+          -- and a raise after the refused COMMIT rolls back too
+          local ok, err = store:transaction(function(tx)
+            assert(insert(tx, 2, "not kept"))
+            tx:exec("COMMIT")
+            error("then raised")
+          end)
+          assert.is_nil(ok)
+          assert.truthy(err:find("then raised", 1, true), err)
+          assert.same({}, app_rows())
+          -- the store goes on: a transaction after them commits
+          assert(store:transaction(function(tx) assert(insert(tx, 3, "kept")) end))
+          assert.same({ { n = 3, note = "kept" } }, app_rows())
+        end)
+
+        it("a transactional handler that runs COMMIT and then fails leaves its writes once, from the run that succeeded", function()
+          local id = assert(store:enqueue("txh.commit", { n = 15 }, { max_attempts = 5 }))
+          local runs, refused = 0, 0
+          assert.is_true(drive(store, "txh.commit", function(delivery, ctx, stop)
+            runs = runs + 1
+            assert(insert(ctx.transaction, delivery.payload.n, "run " .. runs))
+            if runs < 3 then
+              local r, e = ctx.transaction:exec("COMMIT")
+              if r == nil and e:find("refused", 1, true) then refused = refused + 1 end
+              error("failed after COMMIT")
+            end
+            stop()
+          end, nil, { transactional = true }))
+          assert.equal(3, runs)
+          assert.equal(2, refused)
+          assert.equal("completed", assert(store:get(id)).status)
+          assert.same({ { n = 15, note = "run 3" } }, app_rows())
+        end)
+
+        it("a statement that failed fails the transaction with its own error, though fn ignored it", function()
+          local checked = app .. "_c"
+          assert(store:transaction(function(tx)
+            assert(tx:exec("CREATE TABLE " .. checked .. " (n INTEGER CHECK (n > 0))"))
+          end))
+          local ok, err = store:transaction(function(tx)
+            assert(insert(tx, 1, "not kept"))
+            tx:exec("INSERT INTO " .. checked .. " (n) VALUES (-1)")   -- fails; not looked at
+            return "fn returned normally"
+          end)
+          assert.is_nil(ok)
+          H.one_line(err)
+          assert.truthy(err:lower():find("check", 1, true), err)
+          assert.same({}, app_rows())
+          -- a transactional handler: the run fails with that error (here buried at once)
+          local id = assert(store:enqueue("txh.check", { n = 16 }, { max_attempts = 1 }))
+          assert.is_true(drive(store, "txh.check", function(delivery, ctx, stop)
+            stop()
+            assert(insert(ctx.transaction, delivery.payload.n, "not kept"))
+            ctx.transaction:exec("INSERT INTO " .. checked .. " (n) VALUES (-1)")
+            ctx.transaction:exec("INSERT INTO " .. checked .. " (n) VALUES (1)")  -- after it
+          end, nil, { transactional = true }))
+          local r = assert(store:get(id))
+          assert.equal("buried", r.status)
+          assert.truthy(r.last_error:lower():find("check", 1, true), r.last_error)
+          assert.is_falsy(r.last_error:find("aborted", 1, true), r.last_error)
+          assert.same({}, app_rows())
+        end)
+
+        it("a statement cannot change the connection relaybus's own statements run on", function()
+          local changes
+          if entry.name == "postgresql" then
+            changes = { "SET search_path = nowhere", "SET statement_timeout = 1",
+              "SET default_transaction_read_only = on", "SET extra_float_digits = -15",
+              "CREATE TEMP TABLE " .. tbl .. " (x integer)", "LISTEN somewhere",
+              "PREPARE rb_get AS SELECT 1", "DEALLOCATE ALL",
+              "SELECT pg_advisory_lock(42)", "SET ROLE pg_read_all_data" }
+          else
+            changes = { "PRAGMA query_only = 1", "PRAGMA journal_mode = DELETE",
+              "ATTACH DATABASE ':memory:' AS other", "DETACH DATABASE main",
+              "CREATE TEMP TABLE " .. tbl .. " (x INTEGER)", "CREATE TEMP VIEW v AS SELECT 1",
+              "CREATE TABLE temp." .. tbl .. " (id INTEGER PRIMARY KEY, topic TEXT)",
+              "CREATE VIEW temp.v2 AS SELECT 1",
+              "CREATE TRIGGER temp.tr AFTER INSERT ON " .. app .. " BEGIN SELECT 1; END" }
+          end
+          for _, stmt in ipairs(changes) do
+            -- in a transaction that commits, or fails (SQLite refuses them: the tx fails)
+            store:transaction(function(tx) tx:exec(stmt) end)
+            for i = 1, 6 do   -- through several of the pool's connections
+              local id = assert(store:enqueue("after.change", { i = i }), stmt)
+              assert.equal("pending", assert(store:get(id)).status, stmt)
+              assert(store:stats(), stmt)
+            end
+          end
+          if entry.name == "sqlite" then  -- a read-only PRAGMA is no change
+            local ok, rows = store:transaction(function(tx) return tx:query("PRAGMA table_info(" .. app .. ")") end)
+            assert.is_true(ok, rows)
+            assert.equal(2, #rows)
+          end
+          -- a SET inside a transactional handler: its tx:enqueue and its completion still work
+          local id = assert(store:enqueue("txh.session", {}))
+          local inner
+          assert.is_true(drive(store, "txh.session", function(_, ctx, stop)
+            stop()
+            if entry.name == "postgresql" then assert(ctx.transaction:exec("SET search_path = nowhere")) end
+            inner = assert(ctx.transaction:enqueue("after.change", { inner = true }))
+          end, nil, { transactional = true }))
+          assert.equal("completed", assert(store:get(id)).status)
+          assert.equal("pending", assert(store:get(inner)).status)
+          -- and handlers run all that was enqueued after the changes
+          local n = 0
+          assert.is_true(drive(store, "after.change", function(_, _, stop)
+            n = n + 1
+            if n == 6 * #changes + 1 then stop() end
+          end, { concurrency = 4 }, nil, 20))
+          assert.equal(6 * #changes + 1, n)
         end)
 
         it("a transactional handler that lost its lease commits nothing", function()

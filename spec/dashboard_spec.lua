@@ -1,4 +1,4 @@
--- dashboard_spec.lua -- relaybus.serve / runtime/dashboard.c against every store: the JSON of
+-- dashboard_spec.lua -- relaybus.serve / runtime/serve/dashboard.c against every store: the JSON of
 -- every endpoint, the metrics text through promtool and its counters against what ran, the
 -- token (403 read-only, 401 wrong), escaping, a loop that keeps answering while 256 handlers
 -- run, and attacks: bad ids, huge limits, bodies, wrong Host, slow clients, odd topics.
@@ -134,6 +134,14 @@ for _, entry in ipairs(S.list()) do
         assert.equal(0, metric(text, "relaybus_due_deliveries"))
         assert.equal(0, metric(text, "relaybus_oldest_due_age_seconds"))
         assert.truthy(metric(text, "relaybus_lease_renewals_total"))
+        -- bucket bounds in their shortest exact form: "0.005", not "0.0050000000000000001"
+        local les = {}
+        for le in text:gmatch('relaybus_run_duration_seconds_bucket{topic="m%.ok",le="([^"]+)"}') do
+          les[#les + 1] = le
+        end
+        assert.equal("0.005", les[1])
+        assert.equal("+Inf", les[#les])
+        for _, le in ipairs(les) do assert.is_true(#le <= 5, "le=" .. le) end
       end)
     end)
 
@@ -337,6 +345,122 @@ describe("relaybus.serve", function()
       assert.is_nil(srv, l)
       assert.matches("^dashboard: ", err)
     end
+  end)
+
+  it("refuses a token or listen address holding a NUL byte instead of reading it cut short", function()
+    local store = S.open(S.list()[1], { migrate = true })
+    -- "0123456789\0x" read as "0123456789" would let that prefix act
+    local err = H.raises_relaybus(function()
+      return relaybus.serve { store = store, listen = "127.0.0.1:0", token = D.TOKEN .. "\0tail" }
+    end)
+    assert.truthy(err:find("token", 1, true) and err:find("NUL", 1, true), err)
+    err = H.raises_relaybus(function()
+      return relaybus.serve { store = store, listen = "127.0.0.1:0\0:8480", token = D.TOKEN }
+    end)
+    assert.truthy(err:find("listen", 1, true) and err:find("NUL", 1, true), err)
+    err = H.raises_relaybus(function()
+      return relaybus.serve { store = store, listen = "127.0.0.1:0", token = "\0" .. D.TOKEN }
+    end)
+    assert.truthy(err:find("NUL", 1, true), err)
+  end)
+
+  -- Slow clients: each sends its request head a byte at a time, never finishing it.
+  local function luasocket()
+    local ok, socket = pcall(require, "socket")
+    if not ok and not ci then pending("luasocket missing (lua-socket)") return nil end
+    assert.truthy(ok, "luasocket (lua-socket) missing: run scripts/install-deps.sh")
+    return socket
+  end
+
+  it("answers a scrape of /metrics within 2 s beside 1,000 slow connections from five addresses", function()
+    if not luasocket() then return end
+    local store = S.open(S.list()[1], { migrate = true })
+    local worst, scrapes, started = 0, 0, nil
+    D.with_server(store, nil, function(srv)
+      local ready = S.tmpfile("slow")
+      -- its own process, its descriptor limit raised (as far as the hard limit allows)
+      local p = S.spawn(nil, { S.support .. "/slow_clients.lua", tostring(srv:port()), "1000", "5", "16", ready },
+        { argv = { "sh", "-c", 'ulimit -n 4096 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec lua5.4 "$@"', "sh" } })
+      assert.truthy(H.poll(function() return S.exists(ready) end, 60),
+        "the slow clients did not connect: " .. (S.read(p.err) or ""))
+      started = S.read(ready)
+      -- a scrape a second for 12 s: past a byte of every slow one and past the head deadline
+      for _ = 1, 12 do
+        local t0 = relaybus.now()
+        local r, err = relaybus.http.request { url = srv:url() .. "metrics", timeout = 10 }
+        local took = relaybus.now() - t0
+        assert.truthy(r, err)
+        assert.equal(200, r.status)
+        assert.matches("relaybus_deliveries", r.body)
+        scrapes = scrapes + 1
+        if took > worst then worst = took end
+        relaybus.sleep(math.max(0, 1 - took))
+      end
+      S.signal(p, "TERM")
+    end)
+    assert.matches("^connected 1000 ", started)
+    assert.equal(12, scrapes)
+    assert.is_true(worst < 2, ("the slowest scrape took %.2f s"):format(worst))
+  end)
+
+  it("closes a connection whose request head is not done 10 s after it connected, however it trickles", function()
+    local socket = luasocket()
+    if not socket then return end
+    local store = S.open(S.list()[1], { migrate = true })
+    local closed_after
+    D.with_server(store, nil, function(srv)
+      local c = assert(socket.tcp())
+      c:settimeout(2)
+      assert(c:connect("127.0.0.1", srv:port()))
+      c:settimeout(0)
+      local t0 = relaybus.now()
+      local head = "GET /metrics HTTP/1.1\r\nX-Slow: " .. string.rep("a", 100)
+      for i = 1, 150 do     -- a byte every 0.1 s, for 15 s at most
+        local _, err = c:receive(1)
+        if err ~= "timeout" then closed_after = relaybus.now() - t0 break end
+        c:send(head:sub(i, i))
+        relaybus.sleep(0.1)
+      end
+      c:close()
+    end)
+    assert.truthy(closed_after, "still open after 15 s")
+    assert.is_true(closed_after >= 9.5 and closed_after < 12, ("closed after %.1f s"):format(closed_after))
+  end)
+
+  it("times the next request head on a kept-alive connection from its last answer", function()
+    local socket = luasocket()
+    if not socket then return end
+    local store = S.open(S.list()[1], { migrate = true })
+    local answered, closed_after
+    D.with_server(store, nil, function(srv)
+      local c = assert(socket.tcp())
+      c:settimeout(2)
+      assert(c:connect("127.0.0.1", srv:port()))
+      c:settimeout(0)
+      c:send("GET /app.css HTTP/1.1\r\nHost: 127.0.0.1:" .. srv:port() .. "\r\n\r\n")
+      local got = ""
+      for _ = 1, 100 do     -- the answer, within 10 s
+        local data, err, part = c:receive(65536)
+        got = got .. (data or part or "")
+        local len = tonumber(got:match("\r\n[Cc]ontent%-[Ll]ength: (%d+)\r\n"))
+        local body_at = got:find("\r\n\r\n", 1, true)
+        if len and body_at and #got >= body_at + 3 + len then answered = true break end
+        if err == "closed" then break end
+        relaybus.sleep(0.1)
+      end
+      assert.truthy(answered, "no answer: " .. got:sub(1, 200))
+      local t0 = relaybus.now()
+      local head = "GET /metrics HTTP/1.1\r\nX-Slow: " .. string.rep("a", 200)
+      for i = 1, 150 do     -- the next head a byte every 0.1 s, for 15 s at most
+        local _, err = c:receive(1)
+        if err ~= "timeout" then closed_after = relaybus.now() - t0 break end
+        c:send(head:sub(i, i))
+        relaybus.sleep(0.1)
+      end
+      c:close()
+    end)
+    assert.truthy(closed_after, "still open 15 s after its answer")
+    assert.is_true(closed_after >= 9.5 and closed_after < 12, ("closed after %.1f s"):format(closed_after))
   end)
 
   it("says so when the port is taken", function()

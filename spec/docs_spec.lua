@@ -131,11 +131,54 @@ describe("docs/lua.md", function()
 end)
 
 describe("the reference", function()
+  it("lists every command of the relaybus command, with its options, in docs/cli.md and in the README's table", function()
+    local cli = assert(S.read("cmd/cli.lua"))
+    local specs = assert(cli:match("\nlocal SPECS = (%b{})"), "SPECS not found in cmd/cli.lua")
+    local clidoc, readme = read_doc("cli.md"), assert(S.read("README.md"))
+    local missing, n = {}, 0
+    for name, body in specs:gmatch("\n  ([%w_]+) = (%b{})") do
+      n = n + 1
+      if not clidoc:find("| [`" .. name, 1, true) then missing[#missing + 1] = "cli.md's table: " .. name end
+      local section = clidoc:match("\n## " .. name .. "\n(.-)\n## ")
+      if not section then missing[#missing + 1] = "cli.md's section: " .. name end
+      local row = readme:match("\n| `relaybus " .. name .. "[^\n]*")
+      if not row then missing[#missing + 1] = "the README's table: " .. name end
+      for opt in body:match("options = (%b{})"):gmatch('([%w%-]+)"?%]?%s*=%s*"') do
+        if opt ~= "store" and opt ~= "help" then
+          if section and not section:find("--" .. opt, 1, true) then
+            missing[#missing + 1] = "cli.md's section " .. name .. ": --" .. opt
+          end
+          if row and not row:find("--" .. opt, 1, true) then
+            missing[#missing + 1] = "the README's row " .. name .. ": --" .. opt
+          end
+        end
+      end
+    end
+    assert.is_true(n >= 8, "found only " .. n .. " commands in SPECS")
+    assert.same({}, missing)
+  end)
+
   it("has the pages the README points to", function()
     local readme = assert(S.read("README.md"))
     for _, page in ipairs { "lua.md", "c.md", "guarantees.md", "stores.md", "cli.md" } do
       assert.is_truthy(#read_doc(page) > 1000, page .. " is nearly empty")
       assert.is_truthy(readme:find("docs/" .. page, 1, true), "README does not point to docs/" .. page)
+    end
+  end)
+
+  -- A retry after a lost answer carries the same webhook-id (http_spec: "sends the delivery id
+  -- as webhook-id on every attempt"):
+  -- advice to reject an id already seen would have receivers bury what they have taken.
+  it("tells webhook receivers to answer 2xx to a webhook-id already seen, never to reject it", function()
+    for _, page in ipairs { "README.md", "docs/lua.md" } do
+      local text = assert(S.read(page)):gsub("%s+", " ")
+      for sentence in text:gmatch("[^.;]+") do
+        if sentence:find("already seen", 1, true) or sentence:find("already processed", 1, true) then
+          assert.is_nil(sentence:lower():find("reject", 1, true), page .. ": " .. sentence)
+        end
+      end
+      assert.is_truthy(text:find("an id it has already processed", 1, true), page)
+      assert.is_truthy(text:find("answer%w* 2xx"), page)
     end
   end)
 end)

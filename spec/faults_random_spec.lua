@@ -1,5 +1,5 @@
 -- faults_random_spec.lua -- random faults at the store interface under several worker processes.
--- Each worker (spec/support/faults_worker.lua) wraps its store with relaybus._faults, from a
+-- Each worker (spec/support/faults_worker.lua) wraps its store with testing.faults, from a
 -- seed of its own: operations fail, lose their answer after the write, or answer late. Its
 -- handlers do something random on each run (return, raise, ctx:complete/reschedule/bury/
 -- release/extend_lease, sleep past the lease, enqueue a child; a share of the deliveries is

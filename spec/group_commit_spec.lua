@@ -3,6 +3,7 @@
 -- idempotency keys colliding in one group, a user transaction beside grouped enqueues.
 local S = require "spec.support.stores"
 local relaybus = S.relaybus()
+local testing = S.testing()   -- the specs' own module (testing/lua_testing.c)
 
 local entry
 for _, e in ipairs(S.list()) do if e.name == "sqlite" then entry = e end end
@@ -95,7 +96,7 @@ end)
 describe("SQLite group commit out of memory:", function()
   local store
   before_each(function() store = S.open(entry) end)
-  after_each(function() relaybus._fail_alloc(0); S.reset() end)
+  after_each(function() testing.fail_alloc(0); S.reset() end)
   teardown(function() S.cleanup() end)
 
   it("an allocation failing during a group: what succeeded is there, what failed is not, errors are one line", function()
@@ -103,7 +104,7 @@ describe("SQLite group commit out of memory:", function()
     for n = 1, 60 do
       local topic = "rg.oom" .. n
       local ids, errs = {}, {}
-      relaybus._fail_alloc(n)
+      testing.fail_alloc(n)
       for i = 1, 8 do
         relaybus.spawn(function()
           local ok, id, err = pcall(store.enqueue, store, topic, { i = i })
@@ -111,7 +112,7 @@ describe("SQLite group commit out of memory:", function()
         end)
       end
       pcall(relaybus.run)
-      relaybus._fail_alloc(0)
+      testing.fail_alloc(0)
       for _, e in ipairs(errs) do
         assert.is_string(e)
         assert.is_nil(e:find("\n"), e)
@@ -151,32 +152,28 @@ describe("SQLite group commit and SIGKILL:", function()
 end)
 
 describe("SQLite group commit and a full database:", function()
-  local store
-  before_each(function() store = S.open(entry) end)
-  after_each(S.reset)
   teardown(function() S.cleanup() end)
 
-  -- SQLITE_FULL inside a group rolls SQLite's whole transaction back: the jobs after it must not
-  -- commit on their own while every caller is told the group's commit failed.
+  -- A group whose commit finds the disk full fails whole, and says so to each of its callers;
+  -- the groups before it are there, none half written. (A failure inside a group, which rolls
+  -- SQLite's transaction back under the later jobs, is the out-of-memory case above.) The disk is full
+  -- for real: a small tmpfs in a mount namespace of the child's own (`unshare -r -m` works
+  -- without root where user namespaces are allowed, and as root).
   it("enqueues told they failed wrote nothing, and those told they succeeded are there", function()
-    relaybus.spawn(function()
-      assert(store:transaction(function(tx)
-        local pages = tx:query("PRAGMA page_count")[1].page_count
-        tx:exec("PRAGMA max_page_count = " .. (pages + 40))
-      end))
-    end)
-    relaybus.run()
-    local ids, errs = {}, {}
-    for i = 1, 64 do
-      relaybus.spawn(function()
-        local id, err = store:enqueue("rg.full", { pad = string.rep("x", (i % 4 == 0) and 60000 or 100) })
-        if id then ids[#ids + 1] = id else errs[#errs + 1] = err end
-      end)
-    end
-    relaybus.run()
-    assert.is_true(#errs > 0, "nothing failed: the database did not fill")
-    for _, e in ipairs(errs) do assert.is_nil(tostring(e):find("\n")) end
-    for _, id in ipairs(ids) do assert(store:get(id), "reported " .. id .. " is missing") end
-    assert.equal(#ids, assert(store:stats()).pending, "rows written beside the " .. #ids .. " reported")
+    local dir = S.tmpfile("fulldisk")
+    assert(os.execute("mkdir -p " .. S.quote(dir)))
+    local inner = "mount -t tmpfs -o size=4m tmpfs " .. S.quote(dir) .. " && exec "
+                  .. S.quote(S.bin) .. " run " .. S.quote(S.support .. "/full_disk.lua") .. " " .. S.quote(dir)
+    local code, out, err = S.run_command({ "unshare", "-r", "-m", "sh", "-c", inner })
+    assert.equal(0, code, "the child failed: " .. out .. err)
+    local errs, ids, multiline, missing, pending =
+      out:match("errs=(%d+) ids=(%d+) multiline=(%d+) missing=(%d+) pending=(%d+)")
+    assert(errs, "no summary line: " .. out .. err)
+    assert.is_true(tonumber(errs) > 0, "nothing failed: the disk did not fill: " .. out)
+    assert.is_true(tonumber(ids) > 0, "nothing succeeded: the room left was too small: " .. out)
+    assert.equal(64, tonumber(errs) + tonumber(ids))
+    assert.equal(0, tonumber(multiline), "an error of more than one line: " .. out)
+    assert.equal(0, tonumber(missing), "reported ids missing: " .. out)
+    assert.equal(tonumber(ids), tonumber(pending), "rows written beside the ones reported: " .. out)
   end)
 end)

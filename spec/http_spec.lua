@@ -58,6 +58,14 @@ local function respond_url(status, header_lines, body, base)
   return (base or receiver.base) .. "/respond?" .. table.concat(q, "&")
 end
 
+-- The receiver's /reflect: an error (400 unless status=) quoting a request header back.
+local function reflect_url(params, base)
+  local q = {}
+  for k, v in pairs(params) do q[#q + 1] = k .. "=" .. v end
+  table.sort(q)
+  return (base or receiver.base) .. "/reflect?" .. table.concat(q, "&")
+end
+
 local function get_json(path, base)
   local res, err = http.request { url = (base or receiver.base) .. path }
   assert(res, err)
@@ -81,15 +89,15 @@ local function open_store()
   return (S.open(S.list()[1]))
 end
 
--- Enqueues one delivery of topic "hook", runs `handler` on it until its first attempt has
--- settled, stops, and returns the record and the epoch time at the end.
+-- Enqueues one delivery of topic "hook" (or o.topic), runs `handler` on it until its first
+-- attempt has settled, stops, and returns the record and the epoch time at the end.
 local function deliver(handler, o)
   o = o or {}
   local store = open_store()
   -- a failed run waits a minute before its retry, so the first attempt's outcome stays visible
   local d = H.dispatcher(store, o.dispatcher or { backoff = function() return 60 end })
-  d:handle("hook", handler, o.handle)
-  local id = assert(store:enqueue("hook", o.payload or { n = 1 }, o.enqueue))
+  d:handle(o.topic or "hook", handler, o.handle)
+  local id = assert(store:enqueue(o.topic or "hook", o.payload or { n = 1 }, o.enqueue))
   local stop = H.stopper(d)
   relaybus.spawn(function()
     H.poll(function()
@@ -109,6 +117,29 @@ local function misuse(fn, ...)
   local ok, err = pcall(fn, ...)
   assert.is_false(ok)
   assert.are.equal("relaybus: ", tostring(err):sub(1, 10), "not a relaybus: error: " .. tostring(err))
+end
+
+-- One attempt of a webhook handler outside a dispatcher, against the real receiver, with a ctx
+-- that only records the settle: for the attacks of many cases, where only last_error's text
+-- matters. Returns the reason and "buried" or "rescheduled".
+local function attempt(hook, delivery)
+  local got = {}
+  local ctx = {
+    bury = function(_, reason) got.reason, got.outcome = reason, "buried"; return true end,
+    reschedule = function(_, _, reason) got.reason, got.outcome = reason, "rescheduled"; return true end,
+    backoff = function() return 60 end,
+  }
+  hook(delivery or { id = "7", topic = "hook", attempts = 1, payload = { n = 1 } }, ctx)
+  return got.reason, got.outcome
+end
+
+-- Fails when text holds the secret or any run of 8 of its bytes (all of it when shorter).
+local function assert_hidden(text, secret, what)
+  local n = math.min(8, #secret)
+  for i = 1, #secret - n + 1 do
+    local piece = secret:sub(i, i + n - 1)
+    assert.is_nil(text:find(piece, 1, true), (what or "") .. ": '" .. piece .. "' shown in " .. text)
+  end
 end
 
 -- ---- Standard Webhooks, verified independently ----------------------------------------------
@@ -823,6 +854,139 @@ describe("relaybus.webhook", function()
     assert.are.equal("HTTP 500: ***", rec.last_error)
     rec = deliver(relaybus.webhook { url = "http://ada:hunter2pw@127.0.0.1:1/" })
     assert.are.equal("connection refused", rec.last_error)
+  end)
+
+  it("hides a secret that the body's 200-byte cut runs through, wherever the cut falls", function()
+    local secret = "topsecret-signing-key-01234567"
+    local pad = string.rep(".", 190)
+    local rec = deliver(relaybus.webhook { url = respond_url(400, nil, pad .. secret .. " tail"),
+                                           secret = secret })
+    assert.are.equal("buried", rec.status)
+    assert.are.equal("HTTP 400: " .. pad .. "***", rec.last_error)
+    for cut = 1, #secret do
+      pad = string.rep(".", 200 - cut)
+      local reason = attempt(relaybus.webhook { url = respond_url(400, nil, pad .. secret), secret = secret })
+      assert.are.equal("HTTP 400: " .. pad .. "***", reason, "cut after " .. cut .. " bytes of it")
+    end
+  end)
+
+  it("hides the Authorization value a receiver echoes, whole, across the cut, or a piece of 8 or more", function()
+    local auth = "Bearer eyJhbGciOi.J9-0123456789abcdefXYZ"
+    local rec = deliver(relaybus.webhook { url = reflect_url { h = "Authorization" },
+                                           headers = { Authorization = auth } })
+    assert.are.equal("buried", rec.status)
+    assert.are.equal("HTTP 400: ***", rec.last_error)
+    local function shown(params)
+      params.h = "Authorization"
+      return (attempt(relaybus.webhook { url = reflect_url(params), headers = { Authorization = auth } }))
+    end
+    assert.are.equal("HTTP 400: " .. string.rep(".", 185) .. "***", shown { pad = 185 })
+    assert.are.equal("HTTP 400: " .. string.rep(".", 199) .. "***", shown { pad = 199 })
+    assert.are.equal("HTTP 400: ***", shown { from = 12, len = 10 })        -- a 10-byte piece
+    assert.are.equal("HTTP 400: ***", shown { from = 20, len = 8 })
+    assert.are.equal("HTTP 400: ***", shown { from = 0, len = 8 })          -- "Bearer e"
+    for from = 0, #auth - 8 do
+      assert_hidden(shown { from = from, pad = 100 }, auth:sub(from + 1), "from " .. from)
+      assert_hidden(shown { from = from, len = 8 }, auth:sub(from + 1, from + 8), "8 from " .. from)
+    end
+  end)
+
+  it("hides every header value it sent, in percent-encoded and JSON-escaped echoes too", function()
+    local headers = { Authorization = 'Token t\u{f6}k/"en+ 0123 \u{1F600}end', ["X-Api-Key"] = "k3y-abcdef-9876",
+                      ["X-Short"] = "s7x" }
+    for name, value in pairs(headers) do
+      for _, e in ipairs { "raw", "json", "pct" } do
+        local reason = attempt(relaybus.webhook { url = reflect_url { h = name, enc = e, pad = 3 }, headers = headers })
+        assert.are.equal("HTTP 400: ...***", reason, name .. " as " .. e)
+        reason = attempt(relaybus.webhook { url = reflect_url { h = name, enc = e, pad = 195 }, headers = headers })
+        assert.are.equal("HTTP 400: " .. string.rep(".", 195) .. "***", reason, name .. " as " .. e .. " across the cut")
+      end
+    end
+    -- the whole request as JSON: every value of ours is hidden, the rest stays
+    local reason = attempt(relaybus.webhook { url = reflect_url { status = 500 }, headers = headers,
+                                              secret = "whsec_" .. b64encode("0123456789abcdef") })
+    for _, value in pairs(headers) do assert_hidden(reason, value) end
+    assert.is_truthy(reason:find('"method":"POST"', 1, true), reason)
+    -- Content-Type, Accept and User-Agent are no secrets (the transport keeps them across
+    -- origins for that reason): a receiver may say which one it wanted
+    reason = attempt(relaybus.webhook { url = reflect_url { h = "Content-Type" },
+                                        headers = { ["Content-Type"] = "application/cloudevents+json" } })
+    assert.are.equal("HTTP 400: application/cloudevents+json", reason)
+  end)
+
+  it("hides the signing secret as the receiver spells it: JSON, percent, form, HTML, repeated, split", function()
+    local secret = 'sig"n\u{e9}/k\\ey 0123+\u{1F600}-end'
+    local hook = function(body)
+      return relaybus.webhook { url = respond_url(422, nil, body), secret = secret }
+    end
+    local json_form = 'sig\\"n\\u00e9\\/k\\\\ey 0123+\\ud83d\\ude00-end'
+    local pct = secret:gsub("[^%w%-_.~]", function(c) return string.format("%%%02X", c:byte()) end)
+    local pct_lower = secret:gsub("[^%w%-_.~]", function(c) return string.format("%%%02x", c:byte()) end)
+    local form = secret:gsub("[^%w%-_.~ ]", function(c) return string.format("%%%02X", c:byte()) end):gsub(" ", "+")
+    local twice = pct:gsub("%%", "%%25")
+    local html = 'sig&quot;n&#233;/k\\ey 0123+&#x1F600;-end'
+    for what, body in pairs { raw = secret, json = json_form, pct = pct, pct_lower = pct_lower,
+                              form = form, twice = twice, html = html } do
+      assert.are.equal("HTTP 422: <***>", (attempt(hook("<" .. body .. ">"))), what)
+      assert.are.equal("HTTP 422: ***", (attempt(hook(body .. body .. body))), what .. " repeated")
+      assert.are.equal("HTTP 422: " .. string.rep(".", 190) .. "***",
+                       (attempt(hook(string.rep(".", 190) .. body))), what .. " across the cut")
+    end
+    -- pieces of 8 bytes or more, cut anywhere, with other bytes (bad UTF-8, NUL, CR LF) between
+    assert.are.equal("HTTP 422: *** \u{FFFD} *** ***", (attempt(hook('sig"n\u{e9}/k \xff k\\ey 0123+\0\r\n0123+\u{1F600}-end'))))
+    assert.are.equal("HTTP 422: ***", (attempt(hook('n\\u00e9\\/k\\\\ey'))))
+    assert.are.equal('HTTP 422: sig"n\u{e9} x', (attempt(hook('sig"n\u{e9} x'))))   -- 7 bytes stay
+  end)
+
+  it("hides a secret shorter than 8 bytes only as a whole, and no header value of 1 or 2 bytes", function()
+    local reason = attempt(relaybus.webhook { url = respond_url(400, nil, "k3y, k3, K3Y, %6B3y"), secret = "k3y" })
+    assert.are.equal("HTTP 400: ***, k3, K3Y, ***", reason)
+    reason = attempt(relaybus.webhook { url = respond_url(400, nil, "field 1 of v2: abc"),
+                                        headers = { ["X-Version"] = 1, ["X-Api"] = "v2", ["X-K"] = "abc" } })
+    assert.are.equal("HTTP 400: field 1 of v2: ***", reason)
+  end)
+
+  it("stays quick on a secret of one byte repeated, hiding the rest rather than showing it", function()
+    local t0 = relaybus.now()
+    local secret = string.rep("a", 1000)
+    local reason = attempt(relaybus.webhook { url = respond_url(400, nil, string.rep("aaaaaaab", 60)),
+                                              headers = { ["X-A"] = secret }, secret = secret .. "b" })
+    assert.is_true(relaybus.now() - t0 < 2, "took " .. (relaybus.now() - t0) .. " s")
+    assert_hidden(reason, secret)
+    assert.are.equal("HTTP 400: ***", (attempt(relaybus.webhook {
+      url = respond_url(400, nil, string.rep("a", 300)), headers = { ["X-A"] = secret } })))
+  end)
+
+  it("hides what it sent in a redirect's Location, and in the URL's password as echoed", function()
+    local headers = { ["X-Api-Key"] = "key-abcdef123456" }
+    local reason = attempt(relaybus.webhook { headers = headers,
+      url = respond_url(302, { "Location: http://127.0.0.1/cb?k=key-abcdef123456&n=1" }) })
+    assert.are.equal("HTTP 302 redirect to http://127.0.0.1/cb?k=***&n=1: webhooks do not follow "
+                     .. "redirects; point url at the final address", reason)
+    local base = "http://ada:p%C3%A4ssw0rd-42@127.0.0.1:" .. receiver.port
+    reason = attempt(relaybus.webhook { url = base .. "/reflect?h=Authorization" })
+    assert.are.equal("HTTP 400: Basic ***", reason)
+    reason = attempt(relaybus.webhook { url = base .. "/respond?status=400&body=" .. enc("p\u{e4}ssw0rd p%C3%A4ssw0 ssw0rd-42") })
+    assert.are.equal("HTTP 400: *** *** ***", reason)
+  end)
+
+  -- ---- topics in a header -------------------------------------------------------------------
+  it("sends any topic, CR and LF included, percent-encoding '%', space and control bytes in X-Relaybus-Topic", function()
+    for _, case in ipairs {
+      { "hook\r\nX-Evil: 1", "hook%0D%0AX-Evil:%201" },
+      { "50%off", "50%25off" },
+      { " tab\there \127", "%20tab%09here%20%7F" },
+      { "commande.cr\u{e9}\u{e9}e", "commande.cr\u{e9}\u{e9}e" },
+      { "order.created", "order.created" },
+    } do
+      local rec = deliver(relaybus.webhook { url = url("/echo") }, { topic = case[1] })
+      assert.are.equal("completed", rec.status, case[2])
+      local seen = get_json("/last")
+      assert.are.equal(case[2], seen.headers["x-relaybus-topic"])
+      assert.are.equal(case[1], (seen.headers["x-relaybus-topic"]:gsub("%%(%x%x)", function(h)
+        return string.char(tonumber(h, 16)) end)))
+      assert.is_nil(seen.headers["x-evil"])
+    end
   end)
 
   -- ---- Standard Webhooks signatures ---------------------------------------------------------

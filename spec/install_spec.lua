@@ -84,6 +84,23 @@ print(relaybus.http.hmac_sha256("key", "data"))
     end
   end)
 
+  -- The fault-injecting store and the specs' module (testing/) ship in nothing: neither as
+  -- files nor inside the libraries, the module or the command.
+  it("installs nothing of testing/, and no installed object holds its code", function()
+    local ok, out = sh("cd " .. S.quote(prefix) .. " && find . -type f | sort")
+    assert.is_true(ok, out)
+    assert.falsy(out:find("testing", 1, true), out)
+    for _, f in ipairs { "bin/relaybus", "lib/librelaybus.a", "lib/librelaybus.so", "lib/lua/5.4/relaybus.so" } do
+      ok, out = sh("nm -A " .. S.quote(prefix .. "/" .. f) .. " | grep -E ' (rb_faults_|luaopen_relaybus_testing)' || true")
+      assert.is_true(ok, out)
+      assert.equal("", out, f .. " holds test code")
+    end
+    local relaybus = S.relaybus()
+    for _, name in ipairs { "_faults", "_fail_alloc" } do
+      assert.is_nil(relaybus[name], "relaybus." .. name .. " is in the module")
+    end
+  end)
+
   it("pkg-config --static asks only for libraries that exist here", function()
     local ok, out = sh(pc .. " --static --libs relaybus")
     assert.is_true(ok, out)

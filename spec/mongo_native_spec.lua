@@ -1,4 +1,4 @@
--- mongo_native_spec.lua -- the MongoDB store's payloads as BSON values (runtime/mongo/payload.c,
+-- mongo_native_spec.lua -- the MongoDB store's payloads as BSON values (runtime/stores/mongo/payload.c,
 -- docs/stores.md "The delivery document"): deliveries an application inserts with its own
 -- driver (spec/support/mongo_enqueue.c, on libmongoc) run through a dispatcher with their
 -- numbers exact; relaybus's own enqueue writes BSON an application can query; what MongoDB

@@ -1,4 +1,4 @@
--- mongo_tickets_spec.lua -- the MongoDB store's write tickets (runtime/mongo/tickets.c)
+-- mongo_tickets_spec.lua -- the MongoDB store's write tickets (runtime/stores/mongo/tickets.c)
 -- when a writer died between taking a ticket and writing: what a SIGKILL leaves is planted
 -- directly (spec/support/mongo_insert.c), so the takeover that took a minute and a lucky kill
 -- in process_spec's stress test happens at once, on every delivery, under several workers.

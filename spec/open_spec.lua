@@ -86,10 +86,30 @@ local function vacuum_settings(store, t)
   return rows[1].o or ""
 end
 
+-- s without the text from `from` to the end of the first `to` after it (both must be there).
+local function cut(s, from, to)
+  local a = assert(s:find(from, 1, true), from)
+  local _, b = assert(s:find(to, a, true))
+  return s:sub(1, a - 1) .. s:sub(b + 1)
+end
+
+-- Brings PostgreSQL table t back to what schema 8 left: the claim function without the pause,
+-- no TABLE_topics.
+local function back_to_version_8(store, t)
+  local def = claim_function(store, t, "pg_get_functiondef(oid)")
+  def = replace(def, "\n paused text[];", "")
+  def = cut(def, "  IF p_limit > 0 THEN\n    paused := ", "    END IF;\n  END IF;\n")
+  assert.is_nil(def:find("paused", 1, true), def)
+  exec_all(store, def, 'DROP TABLE "' .. t .. '_topics"',
+    "UPDATE relaybus_schema SET version = 8 WHERE table_name = '" .. t .. "'")
+  assert.is_nil(claim_function(store, t, "prosrc"):find("paused", 1, true))
+end
+
 -- Brings PostgreSQL table t back to what schema 6 left: the claim function of ten arguments
--- (today's text without p_tell_wait and its row about claim slots), the one of nine its
+-- (the text of 8 without p_tell_wait and its row about claim slots), the one of nine its
 -- wrapper, and autovacuum's defaults.
 local function back_to_version_6(store, t)
+  back_to_version_8(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, ", p_next boolean, p_tell_wait boolean)", ", p_next boolean)")
   def = replace(def, " waited boolean := false;", "")
@@ -148,7 +168,7 @@ local function claims_then_migrates(url, store, t, version)
   store:close()
   local s, err = relaybus.open(url, { table = t, migrate = false })
   assert.is_nil(s)
-  assert.truthy(err:find("version " .. version .. ", this relaybus needs 7 (run relaybus migrate)", 1, true), err)
+  assert.truthy(err:find("version " .. version .. ", this relaybus needs 9 (run relaybus migrate)", 1, true), err)
   s = assert(relaybus.open(url, { table = t }))
   assert.equal(VACUUM_SETTINGS, vacuum_settings(s, t))
   return s
@@ -174,6 +194,50 @@ describe("opening a store", function()
       ]], { path })
       assert.equal(0, code, err)
       assert.equal("=600\n-wal=600\n-shm=600\n", out)
+    end)
+
+    -- SQLite follows the link and makes the file it points to; so must the 0600 making.
+    -- Three ways to point at nothing yet: a relative target, an absolute one, a chain of two.
+    it("makes a database file 0600 through a dangling symlink, and its -wal and -shm too", function()
+      local dir = S.tmpfile("linked")
+      assert(os.execute("mkdir " .. q(dir)))
+      local links = {
+        { "rel.db", "target-rel.db" },
+        { "abs.db", dir .. "/target-abs.db" },
+        { "chain.db", "chain2.db" }, { "chain2.db", "target-chain.db" },
+      }
+      for _, l in ipairs(links) do
+        assert(os.execute("ln -s " .. q(l[2]) .. " " .. q(dir .. "/" .. l[1])))
+      end
+      for _, case in ipairs { { "rel.db", "target-rel.db" }, { "abs.db", "target-abs.db" },
+                              { "chain.db", "target-chain.db" } } do
+        local link, target = dir .. "/" .. case[1], dir .. "/" .. case[2]
+        local code, out, err = run_script([[
+          local relaybus = require "relaybus"
+          local store = assert(relaybus.open("sqlite:" .. arg[1]))
+          assert(store:enqueue("t", {}))
+          for _, suffix in ipairs { "", "-wal", "-shm" } do
+            local p = io.popen("stat -c %a '" .. arg[2] .. suffix .. "'")
+            io.write(suffix, "=", p:read("l"), "\n")
+            p:close()
+          end
+          store:close()
+        ]], { link, target })
+        assert.equal(0, code, err)
+        assert.equal("=600\n-wal=600\n-shm=600\n", out, case[1])
+        assert.is_true(os.execute("test -L " .. q(link)) == true, "the link is still a link")
+      end
+      -- a link to a directory that does not exist fails as a missing directory does
+      assert(os.execute("ln -s " .. q(dir .. "/nodir/x.db") .. " " .. q(dir .. "/nodir.db")))
+      local s, err = relaybus.open("sqlite:" .. dir .. "/nodir.db")
+      assert.is_nil(s)
+      H.one_line(err)
+      assert.is_false(S.exists(dir .. "/nodir"))
+      -- a loop of links is an error, not a hang
+      assert(os.execute("ln -s loop2.db " .. q(dir .. "/loop1.db") .. " && ln -s loop1.db " .. q(dir .. "/loop2.db")))
+      s, err = relaybus.open("sqlite:" .. dir .. "/loop1.db")
+      assert.is_nil(s)
+      H.one_line(err)
     end)
 
     it("relaybus migrate makes it 0600 too; an existing file keeps its mode", function()
@@ -251,6 +315,36 @@ describe("opening a store", function()
       -- (the SQL stores record a table's schema version beside it; MongoDB's open looks at the
       -- collection's indexes themselves, which a dropped collection takes with it)
       if entry.sql then
+        it(entry.name .. ": a table name whose own or _leases name another table holds is refused before anything is made", function()
+          local url = entry.url()
+          local t = S.unique("names")
+          -- a deliveries table named t_leases, then --table t
+          local a = assert(relaybus.open(url, { table = t .. "_leases" }))
+          for _, migrate in ipairs { true, false } do
+            local s, err = relaybus.open(url, { table = t, migrate = migrate })
+            assert.is_nil(s)
+            H.one_line(err)
+            assert.truthy(err:find(t .. "_leases exists and is not the named leases of table " .. t, 1, true), err)
+          end
+          assert(a:try_acquire("still", 5))   -- t_leases's own leases are untouched
+          -- the reverse: t2 made first, then --table t2_leases (its leases table)
+          local t2 = S.unique("names")
+          local b = assert(relaybus.open(url, { table = t2 }))
+          assert(b:try_acquire("n", 5))
+          local s, err = relaybus.open(url, { table = t2 .. "_leases" })
+          assert.is_nil(s)
+          assert.truthy(err:find(t2 .. "_leases exists and is not a relaybus deliveries table", 1, true), err)
+          assert(b:try_acquire("n2", 5))
+          -- an application's table of that name
+          local t3 = S.unique("names")
+          assert(a:transaction(function(tx) assert(tx:exec("CREATE TABLE " .. t3 .. " (x INTEGER)")) end))
+          s, err = relaybus.open(url, { table = t3 })
+          assert.is_nil(s)
+          assert.truthy(err:find(t3 .. " exists and is not a relaybus deliveries table", 1, true), err)
+          a:close()
+          b:close()
+        end)
+
         it(entry.name .. ": a deliveries table dropped by hand (what it left beside it kept) is refused without migrate, and made again by open: keyed enqueues still dedupe", function()
           local store, url, opts, t = S.open(entry)
           assert(store:enqueue("t", { n = 0 }, { key = "k" }))
@@ -313,7 +407,7 @@ describe("opening a store", function()
           store = assert(relaybus.open("sqlite:" .. path))
           assert.equal(new, check_of_table())
           assert.equal("ok", (sql("PRAGMA integrity_check"):gsub("%s+$", "")))
-          assert.equal("2", (sql("SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+          assert.equal("3", (sql("SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
           -- the constraint still holds, for writers other than relaybus too
           assert.truthy(sql("UPDATE relaybus_deliveries SET status = 'done' WHERE id = 1"):find("CHECK constraint failed", 1, true))
           for _, st in ipairs { "pending", "processing", "completed", "buried" } do
@@ -400,7 +494,7 @@ print("RAN " .. table.concat(ran, ","))
         end)
       end
       if entry.name == "postgresql" then
-        it("postgresql: a table of schema version 2 is refused without migrate and brought to 7 by open; its deliveries then run", function()
+        it("postgresql: a table of schema version 2 is refused without migrate and brought to 9 by open; its deliveries then run", function()
           local url = entry.url()
           local t = S.unique("v2")
           local store = assert(relaybus.open(url, { table = t }))
@@ -413,7 +507,7 @@ print("RAN " .. table.concat(ran, ","))
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
           H.one_line(err)
-          assert.truthy(err:find("version 2, this relaybus needs 7 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 2, this relaybus needs 9 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           runs_both(store, ids)
           store:close()
@@ -435,7 +529,7 @@ print("RAN " .. table.concat(ran, ","))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
-          assert.truthy(err:find("version 3, this relaybus needs 7 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 3, this relaybus needs 9 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local c = settings()
           for _, want in ipairs { "plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_nestloop=off", "enable_sort=off",
@@ -550,6 +644,32 @@ print("RAN " .. table.concat(ran, ","))
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
           store:close()
         end)
+
+        it("postgresql: a table of schema version 8 is migrated by open; the claims of every relaybus on it then keep a pause (they all call the same function)", function()
+          local url = entry.url()
+          local t = S.unique("v9")
+          local store = assert(relaybus.open(url, { table = t }))
+          back_to_version_8(store, t)           -- and migrated from there to 9
+          store = claims_then_migrates(url, store, t, 8)
+          assert(store:enqueue_many { { "pz", {} }, { "pz", {} }, { "free", {} } })
+          assert.is_true(store:pause("pz"))
+          -- the function as each relaybus calls it: of 11 (this one, 7 and 8), 10 and 9 arguments
+          for _, args in ipairs { ", true, true", ", true", "" } do
+            local ok, rows = store:transaction(function(tx)
+              return tx:query('SELECT c_id, c_topic, c_settled FROM "' .. t .. '_claim"('
+                .. "ARRAY['pz', 'free'], 10, 30, 'tok', NULL, NULL, NULL, NULL, NULL" .. args .. ")")
+            end)
+            assert.is_true(ok, rows)
+            local claimed = {}
+            for _, r in ipairs(rows) do
+              if r.c_settled == nil then claimed[#claimed + 1] = r.c_topic end
+            end
+            -- (the first call claims "free"; the ones after find nothing else due)
+            assert.same(args == ", true, true" and { "free" } or {}, claimed, args)
+          end
+          assert.equal(2, #assert(store:list { topic = "pz", status = "pending" }))
+          store:close()
+        end)
       end
     end
   end)
@@ -591,6 +711,52 @@ print("RAN " .. table.concat(ran, ","))
       -- libpq reads u:xyz/abcd/efg@h as host u, port xyz, and quotes such pieces back
       assert.equal("invalid port ***/***", s("invalid port abcd/efg", "postgresql://u:xyz/abcd/efg@h"))
       assert.equal("a\0***", s("a\0p@ss", "mongodb://u:p%40ss@h"))
+    end)
+
+    -- libpq's options= carries "-c name=value" settings for the server, any of which may be a
+    -- secret whatever its name, and percent-encoded in a URL ("-c%20password%3Dx").
+    it("relaybus._redact_url hides all of a PostgreSQL options=, _redact_secrets each setting's value", function()
+      local r, s = relaybus._redact_url, relaybus._redact_secrets
+      assert.equal("postgresql://u@h/db?options=***", r("postgresql://u@h/db?options=-c%20password%3Dx"))
+      assert.equal("postgresql://u@h/db?sslmode=require&options=***&connect_timeout=2",
+                   r("postgresql://u@h/db?sslmode=require&options=-c%20app.conf%3Dabc&connect_timeout=2"))
+      assert.equal("postgresql://u@h/db?OPTIONS=***", r("postgresql://u@h/db?OPTIONS=--app.x=y+-c+z=w"))
+      assert.equal("postgres://u:***@h/db?options=***#x", r("postgres://u:pw@h/db?options=-c%20a%3Db#x"))
+      assert.equal("host=h options=*** user=u", r("host=h options='-c password=x' user=u"))
+      assert.equal("host=h options=*** user=u", r("host=h options=-capp.conf=hunter22 user=u"))
+      assert.equal("host=h options=*** user=u", r("host=h options='-c a=\\' b' user=u"))
+      -- the server quotes a setting's value back; the setting's name is no secret
+      local url = "postgresql://u@h/db?options=-c%20app.conf%3Dhunter22%20-c%20search_path%3Dsp_x1"
+      assert.equal('invalid value for parameter "app.conf": "***"',
+                   s('invalid value for parameter "app.conf": "hunter22"', url))
+      assert.equal('bad ***, ***', s("bad sp_x1, hunter22", url))
+      assert.equal("password authentication failed", s("password authentication failed",
+                   "postgresql://u@h/db?options=-c%20password%3Dxyz1"))
+      assert.equal("*** and ***", s("hunter22 and opt4", "host=h options='-c app.conf=hunter22 -capp.b=opt4'"))
+      assert.equal("***", s("v+w", "postgresql://u@h/db?options=--app.x=v%2Bw%20-c%20b%3Dy"))
+    end)
+
+    it("an open error never shows a setting of options=, as written or as the server quotes it", function()
+      for _, url in ipairs {
+        "nosuch://u@h/x?options=-c%20password%3DSECRETPW",
+        "postgresql://u@127.0.0.1:1/x?options=-c%20password%3DSECRETPW&connect_timeout=2",
+        "host=127.0.0.1 port=1 connect_timeout=2 options='-c app.conf=SECRETPW'",
+      } do
+        local st, err = relaybus.open(url)
+        assert.is_nil(st, url)
+        H.one_line(err, url)
+        assert.is_nil(err:find("SECRETPW", 1, true), url .. ": " .. err)
+      end
+      local pg = os.getenv("RELAYBUS_TEST_PG")
+      if not pg then pending("RELAYBUS_TEST_PG is not set") return end
+      -- the server refuses the value and quotes it: 'invalid value for parameter ...: "..."'
+      local st, err = relaybus.open(pg .. (pg:find("?", 1, true) and "&" or "?")
+                                    .. "options=-c%20statement_timeout%3DSECRETPW",
+                                    { table = S.unique("opt") })
+      assert.is_nil(st)
+      H.one_line(err)
+      assert.truthy(err:find("statement_timeout", 1, true), err)
+      assert.is_nil(err:find("SECRETPW", 1, true), err)
     end)
   end)
 

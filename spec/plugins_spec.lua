@@ -1,4 +1,4 @@
--- plugins_spec.lua -- the optional parts (runtime/plugin.h): the command and the Lua module load
+-- plugins_spec.lua -- the optional parts (runtime/plugin/plugin.h): the command and the Lua module load
 -- the PostgreSQL and MongoDB stores, the HTTP client and the dashboard's server from
 -- relaybus_NAME.so on first use. A worker on SQLite maps none of their libraries; a part that
 -- is missing or broken is a one-line error of the call that needed it, and the rest runs; the

@@ -5,6 +5,7 @@
 -- run made a side effect once a later run of the same delivery had started.
 local S = require "spec.support.stores"
 local H = require "spec.support.harness"
+local D = require "spec.support.dash"
 local relaybus = S.relaybus()
 
 local WORKER = S.support .. "/timing_worker.lua"
@@ -155,6 +156,104 @@ for _, entry in ipairs(S.list()) do
       assert.equal(0, term(B))
     end)
 
+    -- A container restored by CRIU runs in a time namespace of its own: its boot clock is
+    -- offset from the host's, on the same boot.
+    it("a worker in another time namespace (boot clock 3600 s ahead) never takes over a live lease, and takes over a dead one", function()
+      local ns = { "unshare", "--time", "--boottime", "3600" }
+      local probe = io.popen("unshare --time --boottime 3600 true 2>&1; echo $?")
+      local said = probe:read("a")
+      probe:close()
+      assert.truthy(said:match("0%s*$"), "unshare --time is not available (needs root): " .. said)
+      local ids = {}
+      for i = 1, 4 do ids[i] = assert(store:enqueue("work", { i = i })) end
+      local A = worker { RB_LEASE = "2", RB_STEPS = "30", RB_STEP = "0.1" }
+      assert.truthy(S.wait_for(function()
+        for _, id in ipairs(ids) do if not first(A.log, "X", id) then return false end end
+        return true
+      end, 20))
+      local B = worker({ RB_LEASE = "2", RB_STEPS = "2", RB_STEP = "0.05" }, ns)
+      assert.truthy(S.wait_for(function()
+        for _, id in ipairs(ids) do if not first(A.log, "E", id) then return false end end
+        return true
+      end, 30), "A did not finish")
+      local runs = check_no_overlap(logs, true)
+      for _, id in ipairs(ids) do assert.equal(1, #runs[id], "the worker in the namespace ran it too") end
+      -- a dead holder's lease: taken over by the worker in the namespace once it expired
+      assert.equal(0, term(A))
+      S.signal(B, "STOP")   -- so that C claims it
+      local dead = assert(store:enqueue("work", {}))
+      local C = worker { RB_LEASE = "2", RB_STEPS = "100", RB_STEP = "0.1" }
+      assert.truthy(S.wait_for(function() return first(C.log, "X", dead) end, 20))
+      S.signal(C, "KILL")
+      S.wait_exit(C, 10)
+      S.signal(B, "CONT")
+      assert.truthy(S.wait_for(function() return first(B.log, "E", dead) end, 30),
+        "the worker in the namespace did not take over a dead lease")
+      check_no_overlap(logs, true)
+      assert.equal(0, term(B))
+    end)
+
+    if entry.kind ~= "mongodb" then  -- transactional handlers need SQL here
+      -- The side table of transactional runs: (id, fence) of every run that committed.
+      local function side_table()
+        local side = S.unique("side")
+        assert(store:transaction(function(tx)
+          assert(tx:exec("CREATE TABLE " .. side .. " (id TEXT, fence INTEGER)"))
+        end))
+        return side
+      end
+      local function side_rows(side)
+        local ok, rows = store:transaction(function(tx)
+          return tx:query("SELECT id, count(*) AS n FROM " .. side .. " GROUP BY id")
+        end)
+        assert.is_true(ok, rows)
+        local by_id = {}
+        for _, r in ipairs(rows) do by_id[r.id] = r.n end
+        return by_id
+      end
+
+      it("transactional handlers of three workers contending for the store: each delivery runs once, none is buried", function()
+        local side = side_table()
+        local ids = {}
+        for i = 1, 45 do ids[i] = assert(store:enqueue("work", { i = i }, { max_attempts = 3 })) end
+        -- 45 runs of 0.1 s hold SQLite's one write lock in turn for 4.5 s, past the 1.5 s
+        -- lease of the 15 that each worker claims at once
+        local env = { RB_LEASE = "1.5", RB_CONC = "15", RB_STEPS = "1", RB_STEP = "0.1", RB_SIDE = side }
+        local ws = { worker(env), worker(env), worker(env) }
+        assert.truthy(S.wait_for(function()
+          local st = store:stats()
+          return st.pending + st.processing == 0
+        end, 60), "the deliveries did not all settle")
+        check_no_overlap(logs, true)
+        local rows = side_rows(side)
+        for _, id in ipairs(ids) do
+          local r = assert(store:get(id))
+          assert.equal("completed", r.status, id .. ": " .. tostring(r.last_error))
+          assert.equal(1, rows[id], id)
+        end
+        for _, w in ipairs(ws) do assert.equal(0, term(w)) end
+      end)
+
+      it("a transactional handler running three times its lease is renewed and completes, and nobody takes over", function()
+        local side = side_table()
+        local id = assert(store:enqueue("work", {}, { max_attempts = 1 }))
+        local A = worker { RB_LEASE = "1", RB_STEPS = "30", RB_STEP = "0.1", RB_SIDE = side }
+        assert.truthy(S.wait_for(function() return first(A.log, "X", id) end, 20))
+        local B = worker { RB_LEASE = "1", RB_STEPS = "1", RB_STEP = "0.1", RB_SIDE = side }
+        assert.truthy(S.wait_for(function() return first(A.log, "E", id) end, 30),
+          "A did not finish: " .. (S.read(A.err) or ""))
+        assert.truthy(S.wait_for(function() return assert(store:get(id)).status ~= "processing" end, 10))
+        local runs = check_no_overlap(logs, true)
+        assert.equal(1, #runs[id])
+        local r = assert(store:get(id))
+        assert.equal("completed", r.status, tostring(r.last_error))
+        assert.equal(1, r.attempts)
+        assert.same({ [id] = 1 }, side_rows(side))
+        assert.equal(0, term(A))
+        assert.equal(0, term(B))
+      end)
+    end
+
     if entry.name ~= "mongodb" then  -- MongoDB has no locks; the fault-injection spec answers late there
       it("a claim answered after its lease was timed out uses no attempt: max_attempts = 1 still runs", function()
         local id = assert(store:enqueue("work", {}, { max_attempts = 1 }))
@@ -224,6 +323,29 @@ for _, entry in ipairs(S.list()) do
         assert.equal(1, #runs[id], "someone took over")
         assert.truthy(S.wait_for(function() return assert(store:get(id)).status == "completed" end, 10))
         assert.equal(0, term(A))
+        assert.equal(0, term(B))
+      end)
+
+      it("a delivery buried and kicked while its worker is frozen runs again only after the old lease, on a clock 60 s ahead too", function()
+        local id = assert(store:enqueue("work", {}))
+        local A = worker { RB_LEASE = "3", RB_STEPS = "60", RB_STEP = "0.1" }
+        assert.truthy(S.wait_for(function() return first(A.log, "X", id) end, 20))
+        S.signal(A, "STOP")     -- it can neither renew nor learn of the bury
+        D.with_server(store, { token = D.TOKEN }, function(_, call)
+          assert.equal(200, (call("POST", "/api/deliveries/" .. id .. "/bury", D.auth)))
+          assert.equal(200, (call("POST", "/api/deliveries/" .. id .. "/kick", D.auth)))
+        end)
+        -- on SQLite only the boot clock keeps this one out: its wall clock is past run_at
+        local B = worker({ RB_LEASE = "3", RB_STEPS = "2", RB_STEP = "0.05" }, faked("+60s"))
+        S.sleep(0.5)
+        S.signal(A, "CONT")     -- thawed inside its lease: it acts until it learns the lease is gone
+        assert.truthy(S.wait_for(function() return first(A.log, "W", id) end, 20), "A's wait did not fail")
+        assert.equal(0, term(A))  -- B alone may run it again: the one whose clock is ahead
+        assert.truthy(S.wait_for(function() return first(B.log, "E", id) end, 30),
+          "the kicked delivery never ran again: " .. (S.read(B.err) or ""))
+        local runs = check_no_overlap(logs, true)
+        assert.equal(2, #runs[id])
+        assert.truthy(S.wait_for(function() return assert(store:get(id)).status == "completed" end, 10))
         assert.equal(0, term(B))
       end)
 

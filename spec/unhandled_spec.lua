@@ -32,11 +32,17 @@ for _, entry in ipairs(S.list()) do
     after_each(S.reset)
     teardown(function() S.cleanup() end)
 
-    it("each topic with pending deliveries that no dispatcher here handles is named once", function()
+    -- Runs the script text through the command on this store; its stderr once it exited 0.
+    local function run_script(text)
       local script = S.tmpfile("unhandled") .. ".lua"
-      S.write(script, SCRIPT)
+      S.write(script, text)
       local code, _, err = S.run_command { S.bin, "run", script, url, opts.table or "-" }
       assert.equal(0, code, err)
+      return err
+    end
+
+    it("each topic with pending deliveries that no dispatcher here handles is named once", function()
+      local err = run_script(SCRIPT)
       local _, n = err:gsub('3 deliveries of topic "orders.creatd" are pending and no dispatcher', "")
       assert.equal(1, n, err)
       -- handled topics, and topics with nothing pending (a delayed delivery is pending, but
@@ -47,6 +53,26 @@ for _, entry in ipairs(S.list()) do
       -- a topic that is not UTF-8 and holds a newline is named on one line of valid UTF-8
       assert.is_not_nil(utf8.len(err), "stderr is not UTF-8")
       assert.truthy(err:find('1 deliveries of topic "bad\u{FFFD}topic second line" are pending', 1, true), err)
+    end)
+
+    -- Once per store, not per dispatcher: one started after the first has stopped does not
+    -- name the topic again (what the dispatchers learnt lives as long as the store).
+    it("a dispatcher started on the store after another stopped does not name the topics again", function()
+      local err = run_script [[
+        local relaybus = require "relaybus"
+        local url, tbl = ...
+        local store = assert(relaybus.open(url, tbl ~= "-" and { table = tbl } or nil))
+        assert(store:enqueue("orders.creatd", { i = 1 }))
+        for round = 1, 2 do
+          local d = relaybus.dispatcher(store, { poll_interval = 0.2 })
+          d:handle("orders.created", function() end)
+          d:start()
+          relaybus.spawn(function() relaybus.sleep(2.5); d:stop() end)
+          relaybus.run()
+        end
+      ]]
+      local _, n = err:gsub('deliveries of topic "orders.creatd" are pending', "")
+      assert.equal(1, n, err)
     end)
 
     it("reads at most the 10,000 earliest due pending deliveries, and says 'at least' when it hit that bound", function()

@@ -23,7 +23,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include "harness.h"
-#include "log.h"
+#include "util/log.h"
 
 #define T "work"
 #define TX "tx"                         /* a transactional handler's topic */
@@ -184,13 +184,13 @@ static void on_ids(void *ud, const char *err, char **ids, size_t n)
     a->n = err ? 0 : n;
 }
 
-static void on_recs(void *ud, const char *err, rb_delivery **recs, size_t n)
+static void on_claimed(void *ud, const char *err, rb_claim_result *res)
 {
     answer *a = ud;
     a->done = 1;
     a->failed = err != NULL;
-    a->n = n;
-    rb_delivery_list_free(recs, n);
+    a->n = res ? res->n : 0;
+    if (res) rb_delivery_list_free(res->recs, res->n);
 }
 
 static void on_one(void *ud, const char *err, rb_delivery **recs, size_t n)
@@ -445,7 +445,7 @@ static int cycle_run(long n, int slot, char *report, size_t cap)
         const char *topics[] = {T, TX};
         rb_claim_req req = {topics, 2, DELIVERIES, 30};
         answer cl = {0};
-        C.store->vt->claim(C.store, &req, on_recs, &cl);
+        C.store->vt->claim(C.store, &req, on_claimed, &cl);
         step_until(&cl.done, 10);
         claimable = cl.n;
     }

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
-#include "leases.h"
+#include "stores/leases.h"
 
 #define T "work"
 
@@ -26,9 +26,12 @@ static void assert_completed_once(th_env *e, const th_ids *ids)
 {
     for (size_t i = 0; i < ids->n; i++) {
         rb_delivery *d = th_get(e, ids->id[i]);
-        assert_int_equal(d->status, RB_COMPLETED);
-        assert_int_equal(d->attempts, 1);
+        int status = d->status, attempts = d->attempts;
         rb_delivery_free(d);
+        if (status != RB_COMPLETED || attempts != 1)
+            print_message("# delivery %s: status %d, %d attempts\n", ids->id[i], status, attempts);
+        assert_int_equal(status, RB_COMPLETED);
+        assert_int_equal(attempts, 1);
     }
 }
 
@@ -47,6 +50,9 @@ static void never_more_runs_than_concurrency(void **state)
     rb_dispatcher_options o;
     th_options(e, &o);
     o.concurrency = 7;
+    /* no claiming ahead: on a loaded machine a claim can take longer than these runs, and
+     * the dispatcher then rightly claims beyond its free slots (claim_ahead's own tests) */
+    o.claim_ahead = 0;
     th_dispatcher(e, &o);
     th_handler *h = th_new_handler(e);
     h->on_start = finish_soon;
@@ -89,6 +95,10 @@ static void claims_in_flight(void **state, int parallelism)
     int want = parallelism > 1 ? parallelism : 1;
     assert_int_equal(e->spy->max_claims_in_flight, want);
     size_t share = (30 * (1 + AHEAD_MAX) + (size_t)want - 1) / (size_t)want;
+    /* PostgreSQL runs 2 claims of a table at once (its claim slots): a third waits for a slot
+     * and says so, and the dispatcher then keeps one claim in flight for a while, which asks
+     * for all the lane may hold (CI under ASan saw it) */
+    if (parallelism > 2 && strcmp(e->spy->vt.name, "postgresql") == 0) share = 30 * (1 + AHEAD_MAX);
     for (int i = 0; i < e->spy->claim_calls && i < TH_MAX_CALLS; i++)
         assert_true(e->spy->claim_limit[i] <= share);
     assert_int_equal(h->max_running, 30);
@@ -212,7 +222,9 @@ static void a_stop_hands_back_what_was_claimed_ahead(void **state)
 
 /* Runs claimed ahead behind one that outlasts their lease (renewed, so it keeps its own) are
  * handed back once they waited a third of it, before it ends: another process may take them.
- * Here they are claimed again, and each runs once. */
+ * Here they are claimed again, and each runs once. The lease leaves a renewal 1 s to come back
+ * (CI's loaded machine under ASan took over 0.2 s, the room a lease of 0.6 s leaves: the
+ * hanging run lost its lease and ran twice). */
 static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
 {
     th_env *e = th_env_of(state);
@@ -221,7 +233,7 @@ static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
     rb_dispatcher_options o;
     th_options(e, &o);
     o.concurrency = 1;
-    o.lease_duration = 0.6;
+    o.lease_duration = 1.5;
     th_dispatcher(e, &o);
     th_handler *h = th_new_handler(e);
     h->on_start = fast_then_hang;
@@ -234,17 +246,19 @@ static void runs_claimed_ahead_are_handed_back_within_their_lease(void **state)
     double t0 = rb_monotonic();
     /* (a claim is in flight nearly all the time: what it brings waits behind the hanging run) */
     TH_RUN_UNTIL(e, hung == 1 && e->spy->kinds[RB_OP_RELEASE] > released, 5);
-    assert_int_equal(hung, 1);
-    th_run *hanging = h->live;
     double took = rb_monotonic() - t0;
     int handed_back = e->spy->kinds[RB_OP_RELEASE] - released;
-    print_message("# %d claimed ahead handed back after %.3f s (lease 0.6)\n",
-                  handed_back, took);
+    print_message("# %d claimed ahead handed back after %.3f s (lease 1.5), %d started\n",
+                  handed_back, took, hung);
+    assert_int_equal(hung, 1);
+    th_run *hanging = h->live;
     assert_true(handed_back > 0);
-    assert_true(took < 0.6);
+    assert_true(took < 1.5);
     TH_RUN_UNTIL(e, rb_dispatcher_active(e->d) == 1, 5);
     assert_int_equal(rb_dispatcher_active(e->d), 1);    /* only the hanging run is held */
-    th_run_for(e, 0.4);                 /* past its first lease: renewed, it still runs */
+    th_run_for(e, 1.6);                 /* past its first lease: renewed, it still runs */
+    print_message("# then: %d running, %zu active, %d started behind it\n",
+                  h->running, rb_dispatcher_active(e->d), hung);
     assert_int_equal(h->running, 1);
     assert_int_equal(rb_dispatcher_active(e->d), 1);    /* nothing claimed ahead again */
     h->ctx = NULL;
@@ -487,25 +501,31 @@ static void a_run_parked_behind_a_freed_dispatchers_run_starts(void **state)
 static void a_short_lease_stops_claiming_ahead_what_cannot_start(void **state)
 {
     th_env *e = th_env_of(state);
-    th_ids ids = th_enqueue(e, T, 3000, 0, 0);
+    th_ids ids = th_enqueue(e, T, 1000, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
     o.concurrency = 8;
     o.claim_ahead = RB_MAX_CLAIM_AHEAD;
-    o.lease_duration = 0.01;
+    o.lease_duration = 0.5;
     th_dispatcher(e, &o);
     th_handler *h = th_new_handler(e);
-    h->on_start = th_start_ok;
+    /* 20 ms runs: of a claim ahead of more than 8 slots x (0.3 s to the local deadline /
+     * 20 ms), 120 runs, the rest cannot start in time on any machine, however fast. (Runs of
+     * a few ms against a lease of a few tens made every stall of a loaded machine hand a
+     * whole claim back.) */
+    h->on_start = th_start_later;
+    h->delay = 0.02;
     th_handle(e, h, T);
     rb_dispatcher_start(e->d);
-    TH_RUN_UNTIL(e, th_stats(e).completed == 3000, 30);
+    TH_RUN_UNTIL(e, th_stats(e).completed == 1000, 60);
     print_message("# %d claims, %d runs handed back unrun\n", e->spy->claim_calls,
                   e->spy->kinds[RB_OP_RELEASE]);
-    assert_int_equal(th_stats(e).completed, 3000);
+    assert_int_equal(th_stats(e).completed, 1000);
     assert_true(h->max_running <= 8);
-    /* each claim's room ahead halves after a hand-back: fewer hand-backs than runs (with a
-     * pause of one lease alone, 49,000 for the 3,000) */
-    assert_true(e->spy->kinds[RB_OP_RELEASE] < 3000);
+    /* the room ahead is what can start within the lease, and halves after a hand-back: few
+     * hand-backs (claiming RB_MAX_CLAIM_AHEAD regardless would hand back about 690 of the
+     * 808 of its first claim alone) */
+    assert_true(e->spy->kinds[RB_OP_RELEASE] < 400);
     th_ids_free(&ids);
 }
 

@@ -399,10 +399,12 @@ static void a_long_run_keeps_its_lease(void **state)
     th_env *e = th_env_of(state);
     rb_dispatcher_options o;
     th_options(e, &o);
-    o.lease_duration = 0.6;     /* renewed every 0.2 s, each good for 0.4 s here */
+    /* renewed every 0.5 s; each renewal has a second to come back before the run's local
+     * deadline, which a loaded CI machine's PostgreSQL needs (0.6 s leases failed there) */
+    o.lease_duration = 1.5;
     th_handler *h = th_new_handler(e);
     h->on_start = th_start_later;
-    h->delay = 1.0;
+    h->delay = 2.0;
     const char *id = one(e, h, 0, &o);
     TH_RUN_UNTIL(e, h->settles == 1, 10);
     assert_int_equal(h->aborts, 0);

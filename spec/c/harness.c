@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "harness.h"
-#include "log.h"
+#include "util/log.h"
 
 th_kind th_sqlite_memory = TH_SQLITE_MEMORY, th_sqlite_file = TH_SQLITE_FILE,
         th_postgresql = TH_POSTGRESQL;
@@ -46,12 +46,11 @@ int th_leak_check(void)
 /* ---- the store double ------------------------------------------------------------------- */
 struct th_held {
     th_spy *spy;
-    rb_records_cb cb;
+    rb_claim_cb cb;
     void *ud;
     int answered;               /* the real store has answered (below) */
     char *err;
-    rb_delivery **recs;
-    size_t n;
+    rb_claim_result res;        /* its answer, when not an error */
     ev_timer timer;
     th_held *next;
 };
@@ -72,13 +71,12 @@ static void held_answer(th_held *h)
     held_unlink(h);
     ev_timer_stop(p->base.loop, &h->timer);
     p->claims_in_flight--;
-    rb_records_cb cb = h->cb;
+    rb_claim_cb cb = h->cb;
     void *ud = h->ud;
     char *err = h->err;
-    rb_delivery **recs = h->recs;
-    size_t n = h->n;
+    rb_claim_result res = h->res;
     free(h);
-    cb(ud, err, recs, n);
+    cb(ud, err, err ? NULL : &res);
     free(err);
 }
 
@@ -88,14 +86,13 @@ static void on_held_due(struct ev_loop *loop, ev_timer *w, int revents)
     held_answer(w->data);
 }
 
-static void spy_claimed(void *ud, const char *err, rb_delivery **recs, size_t n)
+static void spy_claimed(void *ud, const char *err, rb_claim_result *res)
 {
     th_held *h = ud;
     th_spy *p = h->spy;
     h->answered = 1;
     h->err = err ? strdup(err) : NULL;
-    h->recs = recs;
-    h->n = n;
+    if (res) h->res = *res;     /* the records are passed on with it */
     if (p->claim_delay > 0 && p->delay_claims != 0) {
         if (p->delay_claims > 0) p->delay_claims--;
         ev_timer_init(&h->timer, on_held_due, p->claim_delay, 0);
@@ -123,7 +120,7 @@ int th_spy_held(const th_spy *p)
     return k;
 }
 
-static void spy_claim(rb_store *s, const rb_claim_req *req, rb_records_cb cb, void *ud)
+static void spy_claim(rb_store *s, const rb_claim_req *req, rb_claim_cb cb, void *ud)
 {
     th_spy *p = SPY(s);
     if (p->claim_calls < TH_MAX_CALLS) p->claim_limit[p->claim_calls] = req->limit;
@@ -133,7 +130,7 @@ static void spy_claim(rb_store *s, const rb_claim_req *req, rb_records_cb cb, vo
     if (p->refuse_claims != 0) {
         if (p->refuse_claims > 0) p->refuse_claims--;
         p->claims_in_flight--;
-        cb(ud, "claim refused by the test", NULL, 0);
+        cb(ud, "claim refused by the test", NULL);
         return;
     }
     th_held *h = calloc(1, sizeof *h);
@@ -250,6 +247,7 @@ static void spy_kick(rb_store *s, rb_kick_mode m, const char *id, rb_count_cb cb
 static void spy_purge(rb_store *s, const char *st, double age, size_t lim, rb_count_cb cb,
                       void *ud)
 {
+    SPY(s)->purges++;
     REAL(s)->vt->purge(REAL(s), st, age, lim, cb, ud);
 }
 static void spy_topic_stats(rb_store *s, rb_rows_cb cb, void *ud)
@@ -333,9 +331,8 @@ static void spy_close(rb_store *s)
     th_spy *p = SPY(s);
     while (p->held && p->held->answered) {
         th_held *h = p->held;
-        rb_delivery_list_free(h->recs, h->n);
-        h->recs = NULL;
-        h->n = 0;
+        rb_delivery_list_free(h->res.recs, h->res.n);
+        h->res = (rb_claim_result){0};
         free(h->err);
         h->err = strdup("store closed");
         held_answer(h);
@@ -346,6 +343,7 @@ static void spy_close(rb_store *s)
     /* a claim the real store had not answered got "store closed" from it meanwhile */
     while (p->held) th_spy_answer_claims(p);
     while (p->late) late_answer(p->late);
+    rb_store_release_dispatch(&p->base);
     free(p);
 }
 
@@ -670,6 +668,17 @@ static void on_records(void *ud, const char *err, rb_delivery **recs, size_t n)
     w->n = n;
 }
 
+static void on_claimed(void *ud, const char *err, rb_claim_result *res)
+{
+    waiter *w = ud;
+    w->done = 1;
+    if (err) snprintf(w->err, sizeof w->err, "%s", err);
+    if (res) {
+        w->recs = res->recs;
+        w->n = res->n;
+    }
+}
+
 rb_delivery *th_get(th_env *e, const char *id)
 {
     waiter w = {0};
@@ -715,7 +724,7 @@ size_t th_claim(th_env *e, const char *topic, size_t limit, double lease)
     const char *topics[] = {topic};
     rb_claim_req req = {topics, 1, limit, lease};
     rb_store *real = e->spy->real;
-    real->vt->claim(real, &req, on_records, &w);
+    real->vt->claim(real, &req, on_claimed, &w);
     wait_for(e, &w, "claim");
     if (w.err[0]) fail_msg("claim: %s", w.err);
     rb_delivery_list_free(w.recs, w.n);

@@ -15,10 +15,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <ev.h>
-#include "dispatcher.h"
-#include "store.h"
-#include "alloc.h"
-#include "clock.h"
+#include "dispatch/dispatcher.h"
+#include "stores/store.h"
+#include "util/alloc.h"
+#include "util/clock.h"
 
 typedef enum { TH_SQLITE_MEMORY, TH_SQLITE_FILE, TH_POSTGRESQL } th_kind;
 extern th_kind th_sqlite_memory, th_sqlite_file, th_postgresql;
@@ -51,6 +51,7 @@ typedef struct th_spy {
     int refuse_begins;          /* answer this many begins with an error; -1: every one */
     double begin_delay;         /* pass begins' answers on this much later (s) */
     int begins;                 /* begin calls */
+    int purges;                 /* purge calls */
     /* claim calls */
     int claim_calls;
     int claims_in_flight, max_claims_in_flight;

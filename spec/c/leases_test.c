@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
-#include "leases.h"
+#include "stores/leases.h"
 
 typedef struct got {
     int called;

@@ -1,4 +1,4 @@
-/* mongo_payload_test.c -- runtime/mongo/payload.c without a server: JSON text to the BSON value
+/* mongo_payload_test.c -- runtime/stores/mongo/payload.c without a server: JSON text to the BSON value
  * and back, exact; what stays text; the BSON an outside writer may store that FerretDB cannot
  * (NaN, infinities, decimals) and bytes that are not UTF-8; rb_json_float (text.c). */
 #include <math.h>
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
-#include "mongo/mstore.h"
-#include "text.h"
+#include "stores/mongo/mstore.h"
+#include "util/text.h"
 
 /* The payload of a document made by mg_payload_append, read back; *fmt gets payload_format. */
 static char *round_trip(const char *json, int ferretdb, char fmt[8])

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
-#include "log.h"
+#include "util/log.h"
 
 #define T "work"
 

@@ -1,12 +1,14 @@
-/* text_test.c -- runtime/text.c (one-line messages, UTF-8 checks and cleaning, URL and message
- * redaction, decimals read back) and runtime/clock.c (the clocks, rb_valid_seconds, rb_lease_margin). */
+/* text_test.c -- runtime/util/text.c (one-line messages, UTF-8 checks and cleaning, URL and message
+ * redaction, decimals read back) and runtime/util/clock.c (the clocks, rb_valid_seconds, rb_lease_margin). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <jansson.h>
 #include "harness.h"
-#include "text.h"
+#include "util/buf.h"
+#include "util/text.h"
 
 /* ---- rb_decimal_read ------------------------------------------------------------------------ */
 /* The same bits and the same end as strtod, for what servers write and for hostile text. */
@@ -164,6 +166,42 @@ static void text_clean_of_random_bytes_is_always_valid(void **state)
     }
 }
 
+/* Whatever the bytes (NUL, quotes, control bytes, DEL, broken UTF-8), rb_json_string writes a
+ * JSON string that Jansson reads back: valid UTF-8 as it was, each bad byte as U+FFFD. */
+static void json_string_of_any_bytes_reads_back(void **state)
+{
+    (void)state;
+    unsigned seed = 777;
+    char buf[48];
+    for (int round = 0; round < 20000; round++) {
+        size_t len = (size_t)(rand_r(&seed) % (int)sizeof buf);
+        for (size_t i = 0; i < len; i++) {
+            int r = rand_r(&seed);
+            static const char nasty[] = {'"', '\\', 0, 0x7f, '\n', 0x1f, '/'};
+            buf[i] = r % 4 == 0 ? nasty[(r >> 8) % (int)sizeof nasty]
+                   : r % 4 == 1 ? (char)(0x80 + (r >> 8) % 0x80) : (char)((r >> 8) % 0x100);
+        }
+        rb_buf b = {0};
+        rb_json_string(&b, buf, len);
+        assert_false(rb_buf_failed(&b));
+        assert_int_equal(strlen(b.data), b.len);        /* no NUL reaches the text */
+        json_error_t jerr;
+        json_t *j = json_loadb(b.data, b.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+        if (!j || !json_is_string(j)) fail_msg("round %d: not a JSON string: %s (%s)", round, b.data, jerr.text);
+        const char *back = json_string_value(j);
+        size_t blen = json_string_length(j);
+        if (rb_utf8_valid(buf, len) && (blen != len || memcmp(back, buf, len) != 0))
+            fail_msg("round %d: valid UTF-8 did not read back as it was", round);
+        if (!rb_utf8_valid(back, blen)) fail_msg("round %d: read back as invalid UTF-8", round);
+        json_decref(j);
+        rb_buf_free(&b);
+    }
+    rb_buf b = {0};
+    rb_json_string(&b, "a\"b\\c\x01\x7f\xff\xc3\xa9", 10);
+    assert_string_equal(b.data, "\"a\\\"b\\\\c\\u0001\\u007f\\ufffd\xc3\xa9\"");
+    rb_buf_free(&b);
+}
+
 static void text_clean_out_of_memory_is_null(void **state)
 {
     (void)state;
@@ -189,6 +227,8 @@ static void redact_url_hides_passwords_and_secret_parameters(void **state)
         {"https://x/h?SessionId=zz", "https://x/h?SessionId=***"},
         {"host=db password=hunter2 user=ada", "host=db password=*** user=ada"},
         {"host=db password='a b\\' c' user=ada", "host=db password=*** user=ada"},
+        {"postgresql://u@db/app?options=-c%20password%3Dx", "postgresql://u@db/app?options=***"},
+        {"host=db options='-c app.k=v w' user=ada", "host=db options=*** user=ada"},
         {"sqlite:/tmp/app.db", "sqlite:/tmp/app.db"},
         {"", ""},
     };
@@ -229,6 +269,10 @@ static void redact_secrets_hides_a_url_secret_wherever_a_message_quotes_it(void 
     assert_string_equal(out, "");
     rb_redact_secrets(out, sizeof out, "no url", NULL);
     assert_string_equal(out, "no url");
+    /* libpq's options: each setting's value, not its name */
+    rb_redact_secrets(out, sizeof out, "invalid value for parameter \"app.k\": \"hunter2\"",
+                      "postgresql://u@db/app?options=-c%20app.k%3Dhunter2");
+    assert_string_equal(out, "invalid value for parameter \"app.k\": \"***\"");
 }
 
 /* ---- clock.c ---------------------------------------------------------------------------------- */
@@ -299,6 +343,8 @@ int main(void)
         TEST("rb_text_clean of random bytes is always valid UTF-8 within max",
              text_clean_of_random_bytes_is_always_valid),
         TEST("rb_text_clean out of memory is NULL", text_clean_out_of_memory_is_null),
+        TEST("rb_json_string of any bytes is a JSON string that reads back",
+             json_string_of_any_bytes_reads_back),
         TEST("rb_redact_url hides passwords and secret parameters, also cut short",
              redact_url_hides_passwords_and_secret_parameters),
         TEST("rb_redact_secrets hides a URL's secret wherever a message quotes it",

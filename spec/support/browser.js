@@ -56,6 +56,12 @@ const result = { steps: [] };
     await page.click('#btn-kick');
     await page.waitForFunction(() => document.getElementById('action-result').className === 'err');
     result.without_token = await page.textContent('#action-result');
+    // a refused delete keeps the delivery open and says why (it used to hide both: the kick
+    // below then found no button)
+    await page.click('#btn-delete');
+    await page.waitForFunction(() => (document.getElementById('action-result').textContent || '').startsWith('delete: '));
+    result.delete_refused = await page.textContent('#action-result');
+    result.detail_shown = await page.isVisible('#action-result');
     await page.fill('#token', token);
     await page.dispatchEvent('#token', 'change');
     await page.click('#btn-kick');

@@ -11,7 +11,8 @@
 --   X <id> <start> <end> <error>          the insert itself failed (the run raises)
 --   OPENFAIL <error>                       relaybus.open failed (see RB_OPEN_RETRY)
 -- Environment: RB_KIND (sqlite | postgresql | mongodb), RB_RAISE (0.2), RB_SLEEP (0.01),
--- RB_LEASE (2), RB_CONC (8), RB_POLL (0.05), RB_OPEN_RETRY (0).
+-- RB_LEASE (2), RB_CONC (8), RB_POLL (0.05), RB_OPEN_RETRY (0), RB_LONG (0: the probability
+-- that a run sleeps RB_LONG_SLEEP s, default 0.25, instead: a run a kill can land in).
 local relaybus = require "relaybus"
 local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
@@ -38,6 +39,7 @@ until store
 local kind = os.getenv("RB_KIND") or "sqlite"
 local raise_p = num("RB_RAISE", 0.2)
 local sleep_s = num("RB_SLEEP", 0.01)
+local long_p, long_s = num("RB_LONG", 0), num("RB_LONG_SLEEP", 0.25)
 local insert_sql = "INSERT INTO " .. app .. " (delivery_id, fence) VALUES "
   .. (kind == "postgresql" and "($1, $2)" or "(?, ?)")
 
@@ -64,7 +66,8 @@ d:handle("work", function(delivery, ctx)
     say("X", delivery.id, t(start), t(relaybus.now()), (tostring(err):gsub("%s", "_")))
     error("insert failed: " .. tostring(err))
   end
-  if sleep_s > 0 then ctx:sleep(sleep_s * (0.5 + math.random())) end
+  if math.random() < long_p then ctx:sleep(long_s)
+  elseif sleep_s > 0 then ctx:sleep(sleep_s * (0.5 + math.random())) end
   if math.random() < raise_p then
     say("R", delivery.id, t(start), t(relaybus.now()))
     error("random failure after the insert")

@@ -1,4 +1,4 @@
--- fault_util.lua -- shared by the fault specs (faults_spec, effectively_once_spec, pg_input_spec):
+-- fault_util.lua -- shared by the fault specs (faults_spec, effectively_once_spec, pg_errors_spec):
 -- throwaway servers a spec starts and restarts itself (scripts/pg-test-server.sh,
 -- scripts/mongo-test-server.sh), psql from the installed PostgreSQL, and the analysis of
 -- worker logs (spec/support/worker.lua's and fault_txworker.lua's S/E lines): runs as

@@ -1,4 +1,4 @@
--- faults_worker.lua -- a worker for faults_random_spec: its store wrapped by relaybus._faults,
+-- faults_worker.lua -- a worker for faults_random_spec: its store wrapped by testing.faults,
 -- handlers that do something random on every run. Run as
 --   relaybus run spec/support/faults_worker.lua STORE_URL TABLE LOGFILE
 -- Environment: RB_SEED (the fault seed; the handlers' choices come from it too), RB_FAIL,
@@ -23,10 +23,11 @@
 --   P <pid> <from> <to> <cpu> <runq>    the loop did not run from..to (> 0.25 s): a stalled
 --                                       process; cpu, runq: seconds of it on a CPU and waiting
 --                                       for one (/proc/self/schedstat)
---   STATS <pid> <json>                  store:_fault_stats() once the dispatcher stopped
+--   STATS <pid> <json>                  testing.fault_stats(store) once the dispatcher stopped
 --   DONE <pid>
 -- Errors are logged with blanks as _ ; one with a newline counts in STATS as multiline_errors.
 local relaybus = require "relaybus"
+local testing = require "relaybus_testing"   -- the command provides what it calls of relaybus
 local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
 
 local url, tbl, logpath = ...
@@ -55,7 +56,7 @@ for _ = 1, 100 do
   relaybus.sleep(0.05)
 end
 assert(inner, open_err)
-local store = assert(relaybus._faults(inner, {
+local store = assert(testing.faults(inner, {
   seed = seed,
   fail = num("RB_FAIL", 0.05),
   lost = num("RB_LOST", 0.05),
@@ -200,7 +201,7 @@ local function schedstat()
   local on, wait = (line or ""):match("^(%d+) (%d+)")
   return (tonumber(on) or 0) / 1e9, (tonumber(wait) or 0) / 1e9
 end
-relaybus._daemon(function()
+testing.daemon(function()
   local last = relaybus.now()
   local on0, wait0 = schedstat()
   while true do
@@ -233,10 +234,10 @@ relaybus.run()   -- until the dispatcher has stopped
 -- Let the operations still out (late answers, settles of abandoned runs) come back.
 relaybus.spawn(function()
   local until_t = relaybus.now() + 5
-  while store:_fault_stats().waiting > 0 and relaybus.now() < until_t do relaybus.sleep(0.05) end
+  while testing.fault_stats(store).waiting > 0 and relaybus.now() < until_t do relaybus.sleep(0.05) end
 end)
 relaybus.run()
-local st = store:_fault_stats()
+local st = testing.fault_stats(store)
 st.multiline_errors = multiline
 say("STATS", pid, relaybus.json.encode(st))
 store:close()

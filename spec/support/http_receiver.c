@@ -161,16 +161,16 @@ static void respond_buf(conn *c, int status, buf *body)
     free(body->p);
 }
 
-static void answer_echo(conn *c, const request *r)
+/* The request as JSON: {"method":, "path":, "body":, "headers": {lower-cased name: value}}. */
+static void echo_json(buf *b, const request *r)
 {
-    buf b = {0};
-    buf_add(&b, "{\"method\":", 10);
-    buf_add_json_string(&b, r->method, strlen(r->method));
-    buf_add(&b, ",\"path\":", 8);
-    buf_add_json_string(&b, r->path, strlen(r->path));
-    buf_add(&b, ",\"body\":", 8);
-    buf_add_json_string(&b, r->body, r->body_len);
-    buf_add(&b, ",\"headers\":{", 12);
+    buf_add(b, "{\"method\":", 10);
+    buf_add_json_string(b, r->method, strlen(r->method));
+    buf_add(b, ",\"path\":", 8);
+    buf_add_json_string(b, r->path, strlen(r->path));
+    buf_add(b, ",\"body\":", 8);
+    buf_add_json_string(b, r->body, r->body_len);
+    buf_add(b, ",\"headers\":{", 12);
     const char *p = r->headers, *end = r->headers + r->headers_len;
     int first = 1;
     while (p < end) {
@@ -183,15 +183,21 @@ static void answer_echo(conn *c, const request *r)
             for (size_t i = 0; i < nl; i++) name[i] = (char)tolower((unsigned char)p[i]);
             const char *v = colon + 1;
             while (v < eol && *v == ' ') v++;
-            if (!first) buf_add(&b, ",", 1);
+            if (!first) buf_add(b, ",", 1);
             first = 0;
-            buf_add_json_string(&b, name, nl);
-            buf_add(&b, ":", 1);
-            buf_add_json_string(&b, v, (size_t)(eol - v));
+            buf_add_json_string(b, name, nl);
+            buf_add(b, ":", 1);
+            buf_add_json_string(b, v, (size_t)(eol - v));
         }
         p = eol + 2;
     }
-    buf_add(&b, "}}", 2);
+    buf_add(b, "}}", 2);
+}
+
+static void answer_echo(conn *c, const request *r)
+{
+    buf b = {0};
+    echo_json(&b, r);
     last_echo.len = 0;
     buf_add(&last_echo, b.p, b.len);
     respond_buf(c, 200, &b);
@@ -451,6 +457,84 @@ static void answer_respond(conn *c, const request *r)
     free(body.p);
 }
 
+/* ---- /reflect: a receiver that quotes the request back in its error ----
+ * /reflect?status=N&pad=K&h=NAME&from=A&len=L&enc=E answers N (default 400) with K dots, then
+ * bytes A.. (from 0, L of them, default all) of the value of request header NAME, written as
+ * E: raw (default), json (a JSON string's inside: \" \\ \/ escaped, controls and every
+ * non-ASCII character as \uXXXX, surrogate pairs above U+FFFF) or pct (each byte outside
+ * A-Z a-z 0-9 - . _ ~ as %XX). Without h, the whole request as JSON, as /echo gives it. */
+static void add_json_escaped(buf *b, const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i], cp = c, k = 1;
+        if (c >= 0xf0) {
+            k = 4;
+            cp = c & 0x07;
+        } else if (c >= 0xe0) {
+            k = 3;
+            cp = c & 0x0f;
+        } else if (c >= 0xc0) {
+            k = 2;
+            cp = c & 0x1f;
+        }
+        if (i + k > n) {
+            k = 1;
+            cp = c;
+        }
+        for (unsigned j = 1; j < k; j++) cp = (cp << 6) | (s[i + j] & 0x3f);
+        i += k;
+        if (cp == '"' || cp == '\\' || cp == '/') {
+            char esc[2] = {'\\', (char)cp};
+            buf_add(b, esc, 2);
+        } else if (cp >= 0x20 && cp < 0x7f) {
+            char ch = (char)cp;
+            buf_add(b, &ch, 1);
+        } else if (cp >= 0x10000) {
+            cp -= 0x10000;
+            buf_addf(b, "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+        } else {
+            buf_addf(b, "\\u%04x", cp);
+        }
+    }
+}
+
+static void answer_reflect(conn *c, const request *r)
+{
+    const char *q = strchr(r->path, '?');
+    q = q ? q + 1 : "";
+    char v[64], name[128] = "", enc[16] = "raw";
+    int status = query_param(q, "status", v, sizeof v) ? atoi(v) : 400;
+    long pad = query_param(q, "pad", v, sizeof v) ? strtol(v, NULL, 10) : 0;
+    long from = query_param(q, "from", v, sizeof v) ? strtol(v, NULL, 10) : 0;
+    long len = query_param(q, "len", v, sizeof v) ? strtol(v, NULL, 10) : -1;
+    query_param(q, "h", name, sizeof name);
+    query_param(q, "enc", enc, sizeof enc);
+    buf b = {0};
+    for (long i = 0; i < pad && i < (1L << 20); i++) buf_add(&b, ".", 1);
+    if (!name[0]) {
+        echo_json(&b, r);
+    } else {
+        size_t vl = 0;
+        const char *hv = header_value(r, name, &vl);
+        if (!hv) hv = "";
+        size_t a = from < 0 ? 0 : (size_t)from > vl ? vl : (size_t)from;
+        size_t n = len < 0 || (size_t)len > vl - a ? vl - a : (size_t)len;
+        const unsigned char *p = (const unsigned char *)hv + a;
+        if (strcmp(enc, "json") == 0) {
+            add_json_escaped(&b, p, n);
+        } else if (strcmp(enc, "pct") == 0) {
+            for (size_t i = 0; i < n; i++) {
+                if (isalnum(p[i]) || strchr("-._~", p[i])) buf_add(&b, (const char *)&p[i], 1);
+                else buf_addf(&b, "%%%02X", p[i]);
+            }
+        } else {
+            buf_add(&b, (const char *)p, n);
+        }
+    }
+    respond(c, status, "Content-Type: text/plain\r\n", b.p ? b.p : "", b.len);
+    free(b.p);
+}
+
 static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)revents;
@@ -469,7 +553,8 @@ static void on_slow(struct ev_loop *loop, ev_timer *w, int revents)
  *   /chain/N         302 to /chain/N-1, and /chain/0 answers 200: N redirects
  *   /respond?...     an answer made to order (status=, h=, body=; see answer_respond)
  *   /stats           {hangs_open, hangs_total, connections}: cuts and connection reuse
- *   /push/STREAM     an RFC 8935 receiver (202; fail=, reject=, delay=); GET /pushes: the log */
+ *   /push/STREAM     an RFC 8935 receiver (202; fail=, reject=, delay=); GET /pushes: the log
+ *   /reflect?...     an error quoting a request header or the request (see answer_reflect) */
 static void dispatch(struct ev_loop *loop, conn *c, const request *r)
 {
     long n = 0;
@@ -522,6 +607,8 @@ static void dispatch(struct ev_loop *loop, conn *c, const request *r)
         answer_push(loop, c, r);
     } else if (strcmp(r->path, "/pushes") == 0) {
         answer_pushes(c);
+    } else if (strncmp(r->path, "/reflect", 8) == 0 && (r->path[8] == '?' || !r->path[8])) {
+        answer_reflect(c, r);
     } else if (strcmp(r->path, "/repeat") == 0) {
         respond(c, 200, "X-Multi: a\r\nX-Multi: b\r\n", "ok", 2);
     } else {

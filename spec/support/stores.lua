@@ -32,6 +32,23 @@ function M.relaybus()
   return reg.__relaybus_spec_module
 end
 
+-- The specs' own module, relaybus_testing (testing/lua_testing.c: the fault-injecting store,
+-- failing allocations), which ships in nothing. It calls relaybus's own functions, which plain
+-- lua5.4 loaded from relaybus.so privately: that is made global first ("*" only links it).
+function M.testing()
+  local reg = debug.getregistry()
+  if not reg.__relaybus_spec_testing then
+    M.relaybus()
+    -- (by a path string of its own: package.loadlib reuses the handle it keeps per string,
+    -- and the one require made is the private one)
+    local core = assert(package.searchpath("relaybus", package.cpath))
+    assert(package.loadlib((core:gsub("([^/]+)$", "./%1")), "*"))
+    local so = assert(package.searchpath("relaybus_testing", package.cpath))
+    reg.__relaybus_spec_testing = assert(package.loadlib(so, "luaopen_relaybus_testing"))()
+  end
+  return reg.__relaybus_spec_testing
+end
+
 local ok_system, system = pcall(require, "system")
 
 -- Sleeps in the spec process without running relaybus's loop (for polling children).

@@ -12,6 +12,7 @@
 --             string.rep of 32 MB, forever (time in C); later runs as victim
 --             every: d:every("tick", RB_INTERVAL, fn) with fn as victim
 --   RB_BLOCK  also handle topic "block": os.execute("sleep RB_BLOCK") holds the loop
+--   RB_SIDE   a table: "work" is transactional, and each run inserts (id, fence) there first
 --   RB_LEASE, RB_CONC, RB_POLL, RB_STEPS, RB_STEP, RB_INTERVAL
 local relaybus = require "relaybus"
 local C = dofile((arg[0]:match("^(.*/)") or "./") .. "child.lua")
@@ -45,9 +46,13 @@ local function careful(id, fence, sleep)
   end
 end
 
+local side = os.getenv("RB_SIDE")
 d:handle("work", function(delivery, ctx)
   local id, fence = delivery.id, delivery.fence
   say("S", id, pid, fence, t(relaybus.now()))
+  if side then
+    assert(ctx.transaction:exec("INSERT INTO " .. side .. " (id, fence) VALUES ($1, $2)", id, fence))
+  end
   if mode == "cbound" and fence == 1 then
     while true do
       local s = string.rep("x", 32 * 1024 * 1024)
@@ -57,7 +62,7 @@ d:handle("work", function(delivery, ctx)
   end
   careful(id, fence, function(s) return ctx:sleep(s) end)
   say("E", id, pid, fence, t(relaybus.now()))
-end)
+end, { transactional = side ~= nil })
 
 local block = num("RB_BLOCK", 0)
 if block > 0 then

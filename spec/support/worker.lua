@@ -3,7 +3,8 @@
 -- It handles one topic and appends one line per event to LOGFILE, flushed at once so a
 -- SIGKILL loses no finished line:
 --   READY <pid>
---   S <id> <start_monotonic> <fence> <attempts>        a run started
+--   S <id> <start_monotonic> <fence> <attempts> <start_epoch>
+--                                                      a run started (epoch: relaybus.time())
 --   E <id> <start_monotonic> <end_monotonic>          a run ended (returned)
 --   A <id> <reason> <complete> <bury> <extend>         (mode hold) the abort, and what the
 --                                                      settle calls returned after it
@@ -45,7 +46,7 @@ local d = relaybus.dispatcher(store, {
 
 d:handle(topic, function(delivery, ctx)
   local start = relaybus.now()
-  say("S", delivery.id, t(start), delivery.fence, delivery.attempts)
+  say("S", delivery.id, t(start), delivery.fence, delivery.attempts, t(relaybus.time()))
   if mode == "hold" then
     while not ctx.signal.aborted do
       if not ctx:sleep(0.05) then break end

@@ -1,0 +1,229 @@
+// The relaybus dashboard. Plain JavaScript, no dependencies, nothing fetched from elsewhere.
+// Every text from the store (topics, payloads, errors) reaches the page through textContent,
+// never innerHTML: a topic "<img src=x onerror=...>" shows as those characters.
+'use strict';
+(function () {
+  var $ = function (id) { return document.getElementById(id); };
+  var state = { status: '', topic: '', after: null, pages: [], next: null, selected: null };
+  var history = [];          // {t, completed, failed} totals, for the chart
+  var HISTORY_S = 300;
+  var tokenBox = $('token');
+  try { tokenBox.value = sessionStorage.getItem('relaybus-token') || ''; } catch (e) {}
+  tokenBox.addEventListener('change', function () {
+    try { sessionStorage.setItem('relaybus-token', tokenBox.value); } catch (e) {}
+  });
+
+  function el(tag, text, cls) {
+    var e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  function fmtTime(t) {
+    if (t === null || t === undefined) return '–';
+    var d = new Date(t * 1000);
+    return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  }
+  function fmtAge(s) {
+    if (!s) return '–';
+    if (s < 60) return s.toFixed(1) + ' s';
+    if (s < 3600) return (s / 60).toFixed(1) + ' min';
+    return (s / 3600).toFixed(1) + ' h';
+  }
+  function fmtInt(n) { return Number(n || 0).toLocaleString('en-US'); }
+
+  function api(method, path) {
+    var headers = {};
+    if (method !== 'GET' && tokenBox.value) headers.Authorization = 'Bearer ' + tokenBox.value;
+    return fetch(path, { method: method, headers: headers, cache: 'no-store' }).then(function (r) {
+      return r.json().catch(function () { return { error: 'HTTP ' + r.status }; })
+        .then(function (body) { return { status: r.status, body: body }; });
+    });
+  }
+
+  // ---- stats, topics and the chart --------------------------------------------------------
+  function showStats(s) {
+    var d = s.deliveries || {};
+    $('n-pending').textContent = fmtInt(d.pending);
+    $('n-processing').textContent = fmtInt(d.processing);
+    $('n-completed').textContent = fmtInt(d.completed);
+    $('n-buried').textContent = fmtInt(d.buried);
+    $('n-due').textContent = fmtInt(s.due);
+    $('n-oldest').textContent = fmtAge(s.oldest_due_age);
+    $('updated').textContent = 'updated ' + fmtTime(s.time) + (s.read_only ? ' · read-only' : '');
+    var tb = $('topics');
+    clear(tb);
+    (s.topics || []).forEach(function (t) {
+      var tr = el('tr');
+      tr.appendChild(el('td', t.topic));
+      ['pending', 'processing', 'completed', 'buried'].forEach(function (k) {
+        tr.appendChild(el('td', fmtInt(t[k]), 'status-' + k));
+      });
+      tb.appendChild(tr);
+    });
+    // The process's own runs when it has dispatchers; else what the store's counts say.
+    var src = s.runs ? 'runs of this process' : 'from the store\u2019s counts';
+    $('chart-source').textContent = '(' + src + ')';
+    var point = s.runs ? { t: s.time, completed: s.runs.completed, failed: s.runs.failed }
+                       : { t: s.time, completed: d.completed, failed: d.buried };
+    history.push(point);
+    while (history.length > 2 && history[history.length - 1].t - history[0].t > HISTORY_S) history.shift();
+    drawChart();
+  }
+
+  function drawChart() {
+    var c = $('chart'), g = c.getContext('2d');
+    var w = c.width, h = c.height;
+    g.clearRect(0, 0, w, h);
+    var rates = [];
+    for (var i = 1; i < history.length; i++) {
+      var dt = history[i].t - history[i - 1].t;
+      if (dt <= 0) continue;
+      rates.push({ t: history[i].t,
+        completed: Math.max(0, history[i].completed - history[i - 1].completed) / dt,
+        failed: Math.max(0, history[i].failed - history[i - 1].failed) / dt });
+    }
+    var max = 1;
+    rates.forEach(function (r) { max = Math.max(max, r.completed, r.failed); });
+    g.strokeStyle = '#e6e8ec'; g.fillStyle = '#7a8594'; g.font = '11px sans-serif';
+    for (var k = 0; k <= 4; k++) {
+      var y = h - 14 - (h - 24) * k / 4;
+      g.beginPath(); g.moveTo(40, y); g.lineTo(w, y); g.stroke();
+      g.fillText((max * k / 4).toFixed(max < 4 ? 1 : 0), 2, y + 4);
+    }
+    var now = history.length ? history[history.length - 1].t : 0;
+    function line(key, color) {
+      g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
+      rates.forEach(function (r, j) {
+        var x = 40 + (w - 40) * (1 - (now - r.t) / HISTORY_S);
+        var y = h - 14 - (h - 24) * r[key] / max;
+        if (j === 0) g.moveTo(x, y); else g.lineTo(x, y);
+      });
+      g.stroke(); g.lineWidth = 1;
+    }
+    line('completed', '#2e9d4b');
+    line('failed', '#c8372d');
+    g.fillStyle = '#7a8594';
+    g.fillText('-' + HISTORY_S / 60 + ' min', 40, h - 2);
+    g.fillText('now', w - 24, h - 2);
+  }
+
+  function refreshStats() {
+    return api('GET', '/api/stats').then(function (r) {
+      if (r.status === 200) showStats(r.body);
+      else $('updated').textContent = 'stats: ' + (r.body.error || r.status);
+    }).catch(function (e) { $('updated').textContent = 'stats: ' + e; });
+  }
+
+  // ---- the list -----------------------------------------------------------------------------
+  function listPath() {
+    var q = ['limit=50'];
+    if (state.status) q.push('status=' + encodeURIComponent(state.status));
+    if (state.topic) q.push('topic=' + encodeURIComponent(state.topic));
+    if (state.after) q.push('after=' + encodeURIComponent(state.after));
+    return '/api/deliveries?' + q.join('&');
+  }
+
+  function refreshList() {
+    return api('GET', listPath()).then(function (r) {
+      var tb = $('rows');
+      if (r.status !== 200) { $('list-info').textContent = r.body.error || ('HTTP ' + r.status); return; }
+      clear(tb);
+      r.body.deliveries.forEach(function (d) {
+        var tr = el('tr');
+        tr.dataset.id = d.id;
+        if (d.id === state.selected) tr.className = 'selected';
+        tr.appendChild(el('td', d.id));
+        tr.appendChild(el('td', d.topic));
+        tr.appendChild(el('td', d.status, 'status-' + d.status));
+        tr.appendChild(el('td', d.attempts + '/' + d.max_attempts));
+        tr.appendChild(el('td', fmtTime(d.run_at)));
+        tr.appendChild(el('td', d.last_error || ''));
+        tr.addEventListener('click', function () { openDelivery(d.id); });
+        tb.appendChild(tr);
+      });
+      state.next = r.body.next;
+      $('next').disabled = !state.next;
+      $('first').disabled = !state.after;
+      $('list-info').textContent = r.body.deliveries.length + ' shown' +
+        (state.pages.length ? ' (page ' + (state.pages.length + 1) + ')' : '');
+    }).catch(function (e) { $('list-info').textContent = String(e); });
+  }
+
+  $('filter').addEventListener('submit', function (ev) {
+    ev.preventDefault();
+    state.status = $('filter-status').value;
+    state.topic = $('filter-topic').value;
+    state.after = null; state.pages = [];
+    refreshList();
+  });
+  $('next').addEventListener('click', function () {
+    if (!state.next) return;
+    state.pages.push(state.after); state.after = state.next; refreshList();
+  });
+  $('first').addEventListener('click', function () { state.after = null; state.pages = []; refreshList(); });
+
+  // ---- one delivery -------------------------------------------------------------------------
+  function pretty(text) {
+    try { return JSON.stringify(JSON.parse(text), null, 2); } catch (e) { return text; }
+  }
+
+  function openDelivery(id) {
+    state.selected = id;
+    return api('GET', '/api/deliveries/' + encodeURIComponent(id)).then(function (r) {
+      var box = $('detail');
+      box.hidden = false;
+      $('detail-id').textContent = id;
+      var dl = $('detail-fields');
+      clear(dl);
+      if (r.status !== 200) { dl.appendChild(el('dd', r.body.error || ('HTTP ' + r.status))); return; }
+      var d = r.body;
+      var fields = [['topic', d.topic], ['status', d.status], ['attempts', d.attempts + ' of ' + d.max_attempts],
+        ['fence', d.fence], ['run at', fmtTime(d.run_at)], ['created', fmtTime(d.created_at)],
+        ['lease expires', fmtTime(d.lease_expires_at)], ['key', d.key === null ? '–' : d.key],
+        ['last error', d.last_error === null ? '–' : d.last_error]];
+      fields.forEach(function (f) {
+        dl.appendChild(el('dt', f[0]));
+        var dd = el('dd', f[1]);
+        if (f[0] === 'status') { dd.id = 'detail-status'; dd.className = 'status-' + d.status; }
+        dl.appendChild(dd);
+      });
+      $('detail-payload').textContent = pretty(d.payload);
+      $('btn-kick').disabled = d.status !== 'buried';
+      $('btn-bury').disabled = !(d.status === 'pending' || d.status === 'processing');
+      $('btn-delete').disabled = !(d.status === 'completed' || d.status === 'buried');
+    });
+  }
+
+  function act(method, path, what) {
+    var out = $('action-result');
+    out.className = ''; out.textContent = what + '…';
+    // resolves to true when the action was done: a refused one leaves the delivery open,
+    // with the error beside its buttons
+    return api(method, path).then(function (r) {
+      var done = r.status === 200;
+      if (done) { out.className = 'ok'; out.textContent = what + ': done (' + r.body.count + ')'; }
+      else { out.className = 'err'; out.textContent = what + ': ' + (r.body.error || ('HTTP ' + r.status)); }
+      var p = [refreshStats(), refreshList()];
+      if (state.selected && !(done && method === 'DELETE')) p.push(openDelivery(state.selected));
+      return Promise.all(p).then(function () { return done; });
+    }).catch(function (e) { out.className = 'err'; out.textContent = what + ': ' + e; return false; });
+  }
+  function selPath(suffix) { return '/api/deliveries/' + encodeURIComponent(state.selected) + suffix; }
+  $('btn-kick').addEventListener('click', function () { act('POST', selPath('/kick'), 'kick'); });
+  $('btn-bury').addEventListener('click', function () { act('POST', selPath('/bury'), 'bury'); });
+  $('btn-delete').addEventListener('click', function () {
+    act('DELETE', selPath(''), 'delete').then(function (done) {
+      if (done) { $('detail').hidden = true; state.selected = null; }
+    });
+  });
+  $('kick-all').addEventListener('click', function () { act('POST', '/api/deliveries/kick?status=buried', 'kick all buried'); });
+
+  // ---- refresh --------------------------------------------------------------------------------
+  function tick() {
+    if ($('auto').checked && !document.hidden) { refreshStats(); refreshList(); }
+  }
+  refreshStats(); refreshList();
+  setInterval(tick, 2000);
+})();

@@ -1,0 +1,481 @@
+/* admin.c -- the MongoDB store's reads and maintenance: get, list, stats, kick, purge, and
+ * the operator's bury one and remove one (operator.c has topic_stats). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "stores/mongo/mstore.h"
+#include "util/alloc.h"
+
+/* ---- get, list -------------------------------------------------------------------------- */
+typedef struct rec_job {
+    mjob j;
+    char *id, *status, *topic, *after;
+    int newest;                 /* a viewer's page: by _id, newest first, older than after */
+    size_t limit;
+    rb_delivery **recs;
+    size_t nrecs;
+} rec_job;
+
+static void recs_from_docs(rec_job *q, bson_t **docs, size_t n)
+{
+    q->recs = rb_calloc(n ? n : 1, sizeof *q->recs);
+    for (size_t i = 0; q->recs && i < n; i++) {
+        rb_delivery *r = mg_record_from(docs[i], NULL);
+        if (r) q->recs[q->nrecs++] = r;
+    }
+    if (!q->recs) mg_fail(&q->j, "out of memory");
+}
+
+static void get_work(mjob *j, mongoc_client_t *c)
+{
+    rec_job *q = (rec_job *)j;
+    int ok, failed = 0;
+    bson_t *sel = mg_oid_sel(q->id, &ok);
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;   /* not an id: not found */
+    mongoc_collection_destroy(cl);
+    bson_destroy(sel);
+    if (!failed) recs_from_docs(q, d ? &d : NULL, d ? 1 : 0);
+    if (d) bson_destroy(d);
+}
+
+static void list_work(mjob *j, mongoc_client_t *c)
+{
+    rec_job *q = (rec_job *)j;
+    bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
+    if (q->status) BSON_APPEND_UTF8(&f, "status", q->status);
+    if (q->topic) BSON_APPEND_UTF8(&f, "topic", q->topic);
+    if (q->newest && q->after) {
+        bson_oid_t oid;
+        bson_t lt;
+        if (!mg_parse_oid(q->after, &oid)) {     /* no id of this store: an empty page */
+            bson_destroy(&f);
+            bson_destroy(&opts);
+            recs_from_docs(q, NULL, 0);
+            return;
+        }
+        BSON_APPEND_DOCUMENT_BEGIN(&f, "_id", &lt);
+        BSON_APPEND_OID(&lt, "$lt", &oid);
+        bson_append_document_end(&f, &lt);
+    }
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    if (q->newest) {
+        BSON_APPEND_INT32(&sort, "_id", -1);
+    } else {
+        BSON_APPEND_INT32(&sort, "created_at", 1);
+        BSON_APPEND_INT32(&sort, "_id", 1);
+    }
+    bson_append_document_end(&opts, &sort);
+    BSON_APPEND_INT64(&opts, "limit", (int64_t)(q->limit ? q->limit : 100));
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    bson_t **docs = NULL;
+    size_t n = 0;
+    if (mg_find_docs(j, cl, &f, &opts, NULL, &docs, &n) == 0) recs_from_docs(q, docs, n);
+    mg_docs_free(docs, n);
+    mongoc_collection_destroy(cl);
+    bson_destroy(&f);
+    bson_destroy(&opts);
+}
+
+static void rec_done(mjob *j, const char *err)
+{
+    rec_job *q = (rec_job *)j;
+    mg_answer_records(j, err, q->recs, q->nrecs);
+    free(q->id); free(q->status); free(q->topic); free(q->after);
+    free(q);
+}
+
+void mg_get(rb_store *st, const char *id, rb_records_cb cb, void *ud)
+{
+    rec_job *q = mg_job_new((mstore *)st, sizeof *q, get_work, rec_done, (rb_store_cb){.records = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, NULL, 0);
+        return;
+    }
+    if (!(q->id = rb_strdup(id ? id : ""))) {
+        rec_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
+}
+
+void mg_list(rb_store *st, const rb_list_req *req, rb_records_cb cb, void *ud)
+{
+    rec_job *q = mg_job_new((mstore *)st, sizeof *q, list_work, rec_done, (rb_store_cb){.records = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, NULL, 0);
+        return;
+    }
+    q->status = mg_dupstr(req ? req->status : NULL);
+    q->topic = mg_dupstr(req ? req->topic : NULL);
+    q->limit = req ? req->limit : 0;
+    q->newest = req && req->newest_first;
+    q->after = mg_dupstr(q->newest ? req->after : NULL);
+    if ((req && req->status && !q->status) || (req && req->topic && !q->topic) ||
+        (q->newest && req->after && !q->after)) {
+        rec_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
+}
+
+/* ---- stats ------------------------------------------------------------------------------ */
+typedef struct stats_job {
+    mjob j;
+    rb_stats st;
+} stats_job;
+
+static int stats_by_status(stats_job *q, mongoc_collection_t *cl)
+{
+    bson_t *pipe = BCON_NEW("pipeline", "[", "{", "$group", "{", "_id", BCON_UTF8("$status"),
+                            "n", "{", "$sum", BCON_INT32(1), "}", "}", "}", "]");
+    mongoc_cursor_t *cur = mongoc_collection_aggregate(cl, MONGOC_QUERY_NONE, pipe, NULL, NULL);
+    const bson_t *d;
+    bson_error_t e;
+    while (mongoc_cursor_next(cur, &d)) {
+        const char *st = mg_doc_str(d, "_id");
+        int64_t n = mg_doc_int(d, "n");
+        switch (rb_status_parse(st)) {
+        case RB_PENDING: q->st.pending = n; break;
+        case RB_PROCESSING: q->st.processing = n; break;
+        case RB_COMPLETED: q->st.completed = n; break;
+        case RB_BURIED: q->st.buried = n; break;
+        default: break;
+        }
+    }
+    int failed = mongoc_cursor_error(cur, &e);
+    if (failed) mg_fail_bson(&q->j, "stats", &e);
+    mongoc_cursor_destroy(cur);
+    bson_destroy(pipe);
+    return failed ? -1 : 0;
+}
+
+/* The earliest moment a due delivery became due, among pending (run_at) or expired (lease). */
+static int stats_oldest(stats_job *q, mongoc_collection_t *cl, const char *status,
+                        const char *field, double now, double *oldest)
+{
+    bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
+    BSON_APPEND_UTF8(&f, "status", status);
+    mg_append_range(&f, field, "$lte", now);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, field, 1);
+    bson_append_document_end(&opts, &sort);
+    BSON_APPEND_INT64(&opts, "limit", 1);
+    bson_t **v = NULL;
+    size_t n = 0;
+    int failed = mg_find_docs(&q->j, cl, &f, &opts, NULL, &v, &n) < 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 && mg_doc_num(v[i], field) < *oldest) *oldest = mg_doc_num(v[i], field);
+        bson_destroy(v[i]);
+    }
+    free(v);
+    bson_destroy(&f);
+    bson_destroy(&opts);
+    return failed ? -1 : 0;
+}
+
+static void stats_work(mjob *j, mongoc_client_t *c)
+{
+    stats_job *q = (stats_job *)j;
+    double now = mg_now(j->s), oldest = INFINITY;
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    bson_t f = BSON_INITIALIZER;
+    bson_error_t e;
+    mg_append_due(&f, now);
+    if (stats_by_status(q, cl) == 0) {
+        int64_t due = mongoc_collection_count_documents(cl, &f, NULL, NULL, NULL, &e);
+        if (due < 0) mg_fail_bson(j, "stats", &e);
+        else if (stats_oldest(q, cl, "pending", "run_at", now, &oldest) == 0 &&
+                 stats_oldest(q, cl, "processing", "lease_expires_at", now, &oldest) == 0) {
+            q->st.due = due;
+            q->st.oldest_due_age = isfinite(oldest) && due > 0 ? now - oldest : 0;
+        }
+    }
+    bson_destroy(&f);
+    mongoc_collection_destroy(cl);
+}
+
+static void stats_done(mjob *j, const char *err)
+{
+    stats_job *q = (stats_job *)j;
+    j->cb.stats(j->ud, err, err ? NULL : &q->st);
+    free(q);
+}
+
+void mg_stats(rb_store *st, rb_stats_cb cb, void *ud)
+{
+    stats_job *q = mg_job_new((mstore *)st, sizeof *q, stats_work, stats_done,
+                              (rb_store_cb){.stats = cb}, ud);
+    if (q) mg_submit((mstore *)st, &q->j);
+    else cb(ud, MG_OOM, NULL);
+}
+
+/* ---- kick, purge ------------------------------------------------------------------------ */
+typedef struct count_job {
+    mjob j;
+    rb_kick_mode mode;
+    char *id, *status;
+    char *reason;               /* bury one */
+    double older_than;
+    size_t limit;
+    int64_t count;
+} count_job;
+
+/* When a kicked delivery falls due: now, or, when an operator buried it while it ran, when
+ * that run's lease ends (mg_upd_bury_running kept it): the run never outlives it. */
+static double kick_due(const bson_t *cur, double now)
+{
+    double lease_end = mg_doc_num(cur, "lease_expires_at");
+    return lease_end > now ? lease_end : now;
+}
+
+static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe)
+{
+    bson_t *u = bson_new(), set, un;
+    BSON_APPEND_DOCUMENT_BEGIN(u, "$set", &set);
+    BSON_APPEND_UTF8(&set, "status", "pending");
+    BSON_APPEND_INT32(&set, "attempts", 0);
+    BSON_APPEND_DOUBLE(&set, "run_at", kick_due(cur, now));
+    /* kept until it is over: a bury and kick again keep the wait */
+    BSON_APPEND_DOUBLE(&set, "lease_expires_at", kick_due(cur, now) > now ? kick_due(cur, now) : 0);
+    BSON_APPEND_INT64(&set, "v", mg_doc_int(cur, "v") + 1);
+    const char *key = mg_doc_str(cur, "key"), *topic = mg_doc_str(cur, "topic");
+    if (with_dedupe && key && topic) {
+        char *dd = mg_dedupe_value(topic, key);
+        if (dd) BSON_APPEND_UTF8(&set, "dedupe", dd);
+        free(dd);
+    }
+    bson_append_document_end(u, &set);
+    BSON_APPEND_DOCUMENT_BEGIN(u, "$unset", &un);
+    BSON_APPEND_UTF8(&un, "settled_at", "");
+    bson_append_document_end(u, &un);
+    return u;
+}
+
+/* Kicks (or deletes) the given documents; returns how many changed, -1 on failure. A kicked
+ * delivery whose topic and key another live delivery holds now goes back without its key's
+ * dedupe rather than not at all. */
+static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, int del, double now)
+{
+    cas_op *ops = rb_calloc(n ? n : 1, sizeof *ops);
+    if (!ops) {
+        mg_fail(j, "out of memory");
+        return -1;
+    }
+    int64_t won = 0;
+    if (!del && j->s->ferret && n) {   /* a kicked delivery is live again: its entry first */
+        mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
+        qbatch qb;
+        char hex[25];
+        mg_qb_init(&qb, qc);
+        /* Generation: the time in microseconds. Claims count on from it by one, so no earlier
+         * entry of the delivery (which a settle or a claim may be removing by id) has it. */
+        for (size_t i = 0; i < n; i++)
+            if (docs[i] && mg_doc_oid(docs[i], hex))
+                mg_qb_put(&qb, hex, mg_doc_str(docs[i], "topic"), (int64_t)(now * 1e6),
+                          kick_due(docs[i], now), now);
+        int r = mg_qb_run(j, &qb, 1);
+        mongoc_collection_destroy(qc);
+        if (r < 0) {
+            free(ops);
+            return -1;
+        }
+    }
+    for (int pass = 0; pass < 2 && n; pass++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!docs[i]) continue;
+            mg_cas_init(j->s, &ops[k++], docs[i], "d", del ? NULL : upd_kick(docs[i], now, pass == 0));
+        }
+        if (mg_cas_run(j, c, j->s->base.table, ops, k, now) < 0) {
+            mg_cas_free(ops, k);
+            return -1;
+        }
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!docs[i]) continue;
+            if (ops[m].won) won++;
+            if (ops[m].won || ops[m].code != 11000) {   /* done with it, unless dedupe refused */
+                bson_destroy(docs[i]);
+                docs[i] = NULL;
+            }
+            m++;
+        }
+        for (size_t i = 0; i < k; i++) mg_cas_clear(&ops[i]);
+        memset(ops, 0, n * sizeof *ops);
+    }
+    free(ops);
+    return won;
+}
+
+static void kick_work(mjob *j, mongoc_client_t *c)
+{
+    count_job *q = (count_job *)j;
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    for (;;) {
+        double now = mg_now(j->s);
+        bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
+        int ok = 1;
+        if (q->mode == RB_KICK_ONE) {
+            bson_oid_t oid;
+            ok = mg_parse_oid(q->id, &oid);
+            if (ok) BSON_APPEND_OID(&f, "_id", &oid);
+        } else {
+            BSON_APPEND_UTF8(&f, "status", "buried");
+        }
+        BSON_APPEND_INT64(&opts, "limit", BATCH_ROUND);
+        bson_t **docs = NULL;
+        size_t n = 0;
+        int r = ok ? mg_find_docs(j, cl, &f, &opts, NULL, &docs, &n) : 0;
+        bson_destroy(&f);
+        bson_destroy(&opts);
+        size_t live = 0;
+        for (size_t i = 0; i < n; i++) {
+            const char *st = mg_doc_str(docs[i], "status");
+            if (!st || strcmp(st, "buried") != 0) {
+                bson_destroy(docs[i]);
+                docs[i] = NULL;
+            } else {
+                live++;
+            }
+        }
+        int64_t won = (r == 0 && live) ? kick_docs(j, c, docs, n, 0, now) : 0;
+        mg_docs_free(docs, n);    /* kick_docs NULLed what it consumed; bson_destroy skips NULL */
+        if (r < 0 || won < 0) break;
+        q->count += won;
+        if (q->mode == RB_KICK_ONE || n < BATCH_ROUND || won == 0) break;
+    }
+    mongoc_collection_destroy(cl);
+}
+
+static void purge_work(mjob *j, mongoc_client_t *c)
+{
+    count_job *q = (count_job *)j;
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    for (;;) {
+        double now = mg_now(j->s);
+        size_t want = BATCH_ROUND;
+        if (q->limit && q->limit - (size_t)q->count < want) want = q->limit - (size_t)q->count;
+        bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
+        BSON_APPEND_UTF8(&f, "status", q->status);
+        mg_append_range(&f, "settled_at", "$lte", now - q->older_than);
+        BSON_APPEND_INT64(&opts, "limit", (int64_t)want);
+        bson_t **docs = NULL;
+        size_t n = 0;
+        int r = mg_find_docs(j, cl, &f, &opts, NULL, &docs, &n);
+        bson_destroy(&f);
+        bson_destroy(&opts);
+        int64_t won = (r == 0 && n) ? kick_docs(j, c, docs, n, 1, now) : 0;
+        mg_docs_free(docs, n);
+        if (r < 0 || won < 0) break;
+        q->count += won;
+        if (n < want || won == 0 || (q->limit && (size_t)q->count >= q->limit)) break;
+    }
+    mongoc_collection_destroy(cl);
+}
+
+/* The operator's bury one (status "bury") and remove one settled: one document by id, when
+ * its status allows, through the same versioned write as every other change. */
+static void one_work(mjob *j, mongoc_client_t *c)
+{
+    count_job *q = (count_job *)j;
+    int bury = q->status && strcmp(q->status, "bury") == 0;
+    int ok, failed = 0;
+    bson_t *sel = mg_oid_sel(q->id, &ok);
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;
+    mongoc_collection_destroy(cl);
+    bson_destroy(sel);
+    if (!d) return;
+    const char *st = mg_doc_str(d, "status");
+    int fits = st && (bury ? (!strcmp(st, "pending") || !strcmp(st, "processing"))
+                           : (!strcmp(st, "completed") || !strcmp(st, "buried")));
+    if (!fits) { bson_destroy(d); return; }
+    double now = mg_now(j->s);
+    if (!bury) {
+        int64_t won = kick_docs(j, c, &d, 1, 1, now);
+        if (d) bson_destroy(d);
+        if (won > 0) q->count = won;
+        return;
+    }
+    cas_op op;
+    memset(&op, 0, sizeof op);
+    mg_cas_init(j->s, &op, d, "d", mg_upd_bury_running(d, q->reason, now));
+    if (mg_cas_run(j, c, j->s->base.table, &op, 1, now) == 0 && op.won) q->count = 1;
+    mg_cas_clear(&op);
+    bson_destroy(d);
+}
+
+static void count_done(mjob *j, const char *err)
+{
+    count_job *q = (count_job *)j;
+    j->cb.count(j->ud, err, err ? 0 : q->count);
+    free(q->id);
+    free(q->reason);
+    free(q->status);
+    free(q);
+}
+
+void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+{
+    count_job *q = mg_job_new((mstore *)st, sizeof *q, kick_work, count_done, (rb_store_cb){.count = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, 0);
+        return;
+    }
+    q->mode = mode;
+    if (!(q->id = rb_strdup(id ? id : ""))) {
+        count_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
+}
+
+void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
+              rb_count_cb cb, void *ud)
+{
+    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0)) {
+        cb(ud, "mongodb: purge: status must be completed or buried", 0);
+        return;
+    }
+    count_job *q = mg_job_new((mstore *)st, sizeof *q, purge_work, count_done, (rb_store_cb){.count = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, 0);
+        return;
+    }
+    q->older_than = older_than;
+    q->limit = limit;
+    if (!(q->status = rb_strdup(status))) {
+        count_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
+}
+
+static void one_op(rb_store *st, const char *what, const char *id, const char *reason,
+                   rb_count_cb cb, void *ud)
+{
+    count_job *q = mg_job_new((mstore *)st, sizeof *q, one_work, count_done, (rb_store_cb){.count = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, 0);
+        return;
+    }
+    q->status = rb_strdup(what);
+    q->id = rb_strdup(id ? id : "");
+    q->reason = mg_dupstr(reason);
+    if (!q->status || !q->id || (reason && !q->reason)) {
+        count_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
+}
+
+void mg_bury(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    one_op(st, "bury", id, reason, cb, ud);
+}
+
+void mg_remove(rb_store *st, const char *id, rb_count_cb cb, void *ud)
+{
+    one_op(st, "remove", id, NULL, cb, ud);
+}

@@ -1,0 +1,385 @@
+/* claim.c -- the MongoDB store's claim. On MongoDB: one find of the due deliveries (by run_at),
+ * then their claims through tickets (tickets.c). On FerretDB, where that find would decode
+ * every document of the collection, from the head of the ready queue (readyq.c): read the
+ * head, classify each entry by its delivery (due, not yet, settled, gone), claim the due. */
+#include <stdlib.h>
+#include <string.h>
+#include "stores/mongo/mstore.h"
+#include "util/alloc.h"
+#include "util/text.h"
+
+typedef struct claim_job {
+    mjob j;
+    char **topics;
+    size_t ntopics, limit;
+    size_t nasked;          /* topics[ntopics..nasked): the paused ones (mg_split_paused) */
+    double lease;
+    rb_delivery **recs;
+    size_t nrecs;
+} claim_job;
+
+static void append_topics(bson_t *f, char **topics, size_t n)
+{
+    bson_t in, arr;
+    BSON_APPEND_DOCUMENT_BEGIN(f, "topic", &in);
+    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+    for (size_t i = 0; i < n; i++) {
+        char k[16];
+        const char *key;
+        bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
+        bson_append_utf8(&arr, key, -1, topics[i], -1);
+    }
+    bson_append_array_end(&in, &arr);
+    bson_append_document_end(f, &in);
+}
+static bson_t *upd_claim(const bson_t *cur, const char *token, double now, double lease)
+{
+    bson_t *u = bson_new(), set;
+    BSON_APPEND_DOCUMENT_BEGIN(u, "$set", &set);
+    BSON_APPEND_UTF8(&set, "status", "processing");
+    BSON_APPEND_UTF8(&set, "lease_token", token);
+    BSON_APPEND_DOUBLE(&set, "lease_expires_at", now + lease);
+    BSON_APPEND_INT32(&set, "attempts", (int32_t)mg_doc_int(cur, "attempts") + 1);
+    BSON_APPEND_INT64(&set, "fence", mg_doc_int(cur, "fence") + 1);
+    BSON_APPEND_INT64(&set, "v", mg_doc_int(cur, "v") + 1);
+    bson_append_document_end(u, &set);
+    return u;
+}
+
+static int claim_exceeds(const bson_t *d)
+{
+    return mg_doc_int(d, "attempts") + 1 > mg_doc_int(d, "max_attempts");
+}
+
+static rb_delivery *claimed_record(const bson_t *d, const char *token, double now, double lease)
+{
+    rb_delivery *r = mg_record_from(d, token);
+    if (!r) return NULL;
+    r->status = RB_PROCESSING;
+    r->attempts++;
+    r->fence++;
+    r->lease_expires_at = now + lease;
+    return r;
+}
+
+static int claim_candidates(claim_job *q, mongoc_collection_t *cl, double now, bson_t ***docs,
+                            size_t *n)
+{
+    bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
+    append_topics(&f, q->topics, q->ntopics);
+    mg_append_due(&f, now);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, "run_at", 1);
+    BSON_APPEND_INT32(&sort, "_id", 1);
+    bson_append_document_end(&opts, &sort);
+    BSON_APPEND_INT64(&opts, "limit", (int64_t)q->limit);
+    int r = mg_find_docs(&q->j, cl, &f, &opts, NULL, docs, n);
+    bson_destroy(&f);
+    bson_destroy(&opts);
+    return r;
+}
+
+/* The writes that claim docs[0..n) (or bury those out of attempts), each under a new token
+ * in (*tokens)[i]; NULL with j->err set when out of memory. */
+static cas_op *claim_ops(claim_job *q, bson_t *const *docs, size_t n, double now,
+                         char (**tokens)[33])
+{
+    cas_op *ops = rb_calloc(n, sizeof *ops);
+    *tokens = rb_calloc(n, sizeof **tokens);
+    q->recs = rb_calloc(n, sizeof *q->recs);
+    if (!ops || !*tokens || !q->recs) {
+        mg_fail(&q->j, "out of memory");
+        free(ops);
+        free(*tokens);
+        *tokens = NULL;
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const bson_t *d = docs[i];
+        rb_random_token((*tokens)[i]);
+        bson_t *u = claim_exceeds(d)
+                        ? mg_upd_bury(d, mg_doc_str(d, "last_error") ? NULL : "max attempts exceeded", now)
+                        : upd_claim(d, (*tokens)[i], now, q->lease);
+        mg_cas_init(q->j.s, &ops[i], d, "d", u);
+    }
+    return ops;
+}
+
+/* MongoDB: the due deliveries, found by their index. */
+static void claim_scan(claim_job *q, mongoc_client_t *c)
+{
+    mjob *j = &q->j;
+    double now = mg_now(j->s);
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    bson_t **docs = NULL;
+    size_t n = 0;
+    int r = claim_candidates(q, cl, now, &docs, &n);
+    mongoc_collection_destroy(cl);
+    if (r < 0 || n == 0) return;
+    char (*tokens)[33] = NULL;
+    cas_op *ops = claim_ops(q, docs, n, now, &tokens);
+    if (ops && mg_cas_run(j, c, j->s->base.table, ops, n, now) == 0) {
+        for (size_t i = 0; i < n; i++)
+            if (ops[i].won && !claim_exceeds(docs[i])) {
+                rb_delivery *rec = claimed_record(docs[i], tokens[i], now, q->lease);
+                if (rec) q->recs[q->nrecs++] = rec;
+            }
+    }
+    if (ops) mg_cas_free(ops, n);
+    free(tokens);
+    mg_docs_free(docs, n);
+}
+
+/* ---- claim on FerretDB: from the head of the queue (see readyq.c) ----------------------- */
+static int topic_wanted(const claim_job *q, const char *t)
+{
+    for (size_t i = 0; t && i < q->ntopics; i++)
+        if (strcmp(q->topics[i], t) == 0) return 1;
+    return 0;
+}
+
+typedef struct qcand {
+    bson_t *doc;
+    const bson_t *entry;
+} qcand;
+
+static int qcand_cmp(const void *a, const void *b)
+{
+    const qcand *x = a, *y = b;
+    double ra = mg_doc_num(x->doc, "run_at"), rb = mg_doc_num(y->doc, "run_at");
+    if (ra != rb) return ra < rb ? -1 : 1;
+    char hx[25] = "", hy[25] = "";
+    mg_doc_oid(x->doc, hx);
+    mg_doc_oid(y->doc, hy);
+    return strcmp(hx, hy);
+}
+
+/* Of several entries of one delivery in a read, the newest (highest generation) stands and
+ * the others go. A move inserts the successor before it deletes the entry it moves, so the
+ * newest is the one no concurrent move deletes. Keeping the first one read and deleting the
+ * newer raced with that move: process B read both entries between A's insert of E(g+1) and
+ * A's delete of E(g), kept E(g), deleted E(g+1), then A deleted E(g), and the delivery had no
+ * entry left, never to be claimed again (two processes releasing a few deliveries lost all
+ * of them within seconds). Marks stale[i] for the others; -1 when out of memory. */
+typedef struct qref {
+    const char *d;
+    int64_t g;
+    size_t i;
+} qref;
+
+static int qref_cmp(const void *a, const void *b)
+{
+    const qref *x = a, *y = b;
+    int c = strcmp(x->d, y->d);
+    if (c) return c;
+    return x->g > y->g ? -1 : x->g < y->g;
+}
+
+static int mark_stale(bson_t **ents, size_t n, char *stale)
+{
+    qref *refs = rb_calloc(n ? n : 1, sizeof *refs);
+    if (!refs) return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *d = mg_doc_str(ents[i], "d");
+        if (d) refs[m++] = (qref){d, mg_doc_int(ents[i], "g"), i};
+    }
+    if (m) qsort(refs, m, sizeof *refs, qref_cmp);
+    for (size_t k = 1; k < m; k++)
+        if (strcmp(refs[k].d, refs[k - 1].d) == 0) stale[refs[k].i] = 1;
+    free(refs);
+    return 0;
+}
+
+/* What one read of the queue's head found. */
+typedef struct qhead {
+    bson_t **ents;              /* the entries read */
+    size_t n;
+    char *stale;                /* stale[i]: a newer entry of the same delivery was read */
+    int full;                   /* the read hit its limit: more may wait behind */
+    qcand *cands;               /* the due deliveries, each with its entry */
+    size_t nc;
+} qhead;
+
+/* Read: the head of the queue, with no filter and no sort (a SQL LIMIT), in one round trip. */
+static int queue_read(claim_job *q, mongoc_collection_t *qc, qhead *h)
+{
+    size_t want = q->limit * 2 + 16;
+    if (want > QUEUE_READ_MAX) want = QUEUE_READ_MAX;
+    bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
+    BSON_APPEND_INT64(&opts, "limit", (int64_t)want);
+    BSON_APPEND_INT64(&opts, "batchSize", (int64_t)want);   /* no getMore */
+    int r = mg_find_docs(&q->j, qc, &f, &opts, NULL, &h->ents, &h->n);
+    bson_destroy(&f);
+    bson_destroy(&opts);
+    if (r < 0) return -1;
+    h->full = h->n >= want;     /* what cannot be used now moves back */
+    h->cands = rb_calloc(h->n ? h->n : 1, sizeof *h->cands);
+    h->stale = rb_calloc(h->n ? h->n : 1, 1);
+    if (!h->cands || !h->stale || mark_stale(h->ents, h->n, h->stale) != 0) {
+        mg_fail(&q->j, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Classify one entry: its delivery when due (a candidate), else NULL after noting in qb what
+ * becomes of the entry; *failed when the store could not be asked. */
+static bson_t *classify_entry(claim_job *q, mongoc_collection_t *cl, const bson_t *e, int stale,
+                              int full, qbatch *qb, double now, int *failed)
+{
+    const char *hex = mg_doc_str(e, "d");
+    double at = mg_doc_num(e, "at");
+    bson_oid_t oid;
+    if (!hex || !mg_parse_oid(hex, &oid) || stale) {    /* stale: a newer entry stands */
+        mg_qb_del(qb, e);
+        return NULL;
+    }
+    if (!topic_wanted(q, mg_doc_str(e, "t")) || at > now) {
+        if (full) mg_qb_move(qb, e, at, now);
+        return NULL;
+    }
+    bson_t sel = BSON_INITIALIZER;
+    BSON_APPEND_OID(&sel, "_id", &oid);
+    bson_t *d = mg_find_one(&q->j, cl, &sel, NULL, failed);
+    bson_destroy(&sel);
+    if (!d) {       /* not inserted yet, or its enqueue failed, or purged */
+        if (!*failed && mg_doc_num(e, "c") < now - QUEUE_ORPHAN_S) mg_qb_del(qb, e);
+        return NULL;
+    }
+    const char *st = mg_doc_str(d, "status");
+    if (st && strcmp(st, "pending") == 0) {
+        double run_at = mg_doc_num(d, "run_at");
+        if (run_at <= now) return d;
+        mg_qb_move(qb, e, run_at, now);     /* fixed until it is due: later reads skip it */
+    } else if (st && strcmp(st, "processing") == 0) {
+        if (mg_doc_num(d, "lease_expires_at") <= now) return d;
+        if (full) mg_qb_move(qb, e, 0, now);
+    } else {
+        mg_qb_del(qb, e);       /* settled: a kick writes a new entry */
+    }
+    bson_destroy(d);
+    return NULL;
+}
+
+static int queue_classify(claim_job *q, mongoc_collection_t *cl, qhead *h, qbatch *qb, double now)
+{
+    for (size_t i = 0; i < h->n && h->nc < q->limit; i++) {
+        int failed = 0;
+        bson_t *d = classify_entry(q, cl, h->ents[i], h->stale[i], h->full, qb, now, &failed);
+        if (failed) return -1;
+        if (d) h->cands[h->nc++] = (qcand){d, h->ents[i]};
+    }
+    return 0;
+}
+
+/* A claim (or burial) that won: the entry moves to the tail, where an expired lease will be
+ * found again (a buried one's goes), the version is cached, the record returned. */
+static void queue_claimed(claim_job *q, const qcand *cand, const char *token, int64_t old_v,
+                          qbatch *qb, double now)
+{
+    if (claim_exceeds(cand->doc)) {
+        mg_qb_del(qb, cand->entry);
+        return;
+    }
+    mg_qb_move(qb, cand->entry, 0, now);
+    char hex[25];
+    if (mg_doc_oid(cand->doc, hex))
+        mg_vc_put(q->j.s, hex, token, old_v + 1, mg_doc_int(cand->doc, "attempts") + 1,
+                  mg_doc_int(cand->entry, "g") + 1, now + q->lease);
+    rb_delivery *rec = claimed_record(cand->doc, token, now, q->lease);
+    if (rec) q->recs[q->nrecs++] = rec;
+}
+
+/* Claim the candidates, oldest first; only the winner of each moves its entry. */
+static void queue_claim(claim_job *q, mongoc_client_t *c, qhead *h, qbatch *qb, double now)
+{
+    size_t nc = h->nc;
+    qsort(h->cands, nc, sizeof *h->cands, qcand_cmp);
+    bson_t **docs = rb_calloc(nc, sizeof *docs);
+    if (!docs) {
+        mg_fail(&q->j, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < nc; i++) docs[i] = h->cands[i].doc;
+    char (*tokens)[33] = NULL;
+    cas_op *ops = claim_ops(q, docs, nc, now, &tokens);
+    if (ops && mg_cas_run(&q->j, c, q->j.s->base.table, ops, nc, now) == 0)
+        for (size_t i = 0; i < nc; i++)
+            if (ops[i].won) queue_claimed(q, &h->cands[i], tokens[i], ops[i].old_v, qb, now);
+    if (ops) mg_cas_free(ops, nc);
+    free(tokens);
+    free(docs);
+}
+
+static void claim_from_queue(claim_job *q, mongoc_client_t *c)
+{
+    mstore *s = q->j.s;
+    double now = mg_now(s);
+    mongoc_collection_t *qc = mg_coll(s, c, s->queue), *cl = mg_coll(s, c, s->base.table);
+    qhead h;
+    memset(&h, 0, sizeof h);
+    if (queue_read(q, qc, &h) == 0) {
+        qbatch qb;
+        mg_qb_init(&qb, qc);
+        if (queue_classify(q, cl, &h, &qb, now) == 0 && h.nc) queue_claim(q, c, &h, &qb, now);
+        mg_qb_run(&q->j, &qb, 0);   /* an entry not moved stays where it was: nothing is lost */
+    }
+    for (size_t i = 0; i < h.nc; i++) bson_destroy(h.cands[i].doc);
+    free(h.cands);
+    free(h.stale);
+    mg_docs_free(h.ents, h.n);
+    mongoc_collection_destroy(qc);
+    mongoc_collection_destroy(cl);
+}
+
+static void claim_work(mjob *j, mongoc_client_t *c)
+{
+    claim_job *q = (claim_job *)j;
+    size_t npaused = 0;
+    if (mg_split_paused(j, c, q->topics, &q->ntopics, &npaused) != 0 || !q->ntopics) return;
+    if (j->s->ferret) claim_from_queue(q, c);
+    else claim_scan(q, c);
+}
+
+/* MongoDB wakes no dispatcher for what falls due later: a claim says nothing of when to claim
+ * next (quiet_until 0) and never waits for a claim slot. */
+static void claim_done(mjob *j, const char *err)
+{
+    claim_job *q = (claim_job *)j;
+    if (err) {
+        rb_delivery_list_free(q->recs, q->nrecs);
+        j->cb.claim(j->ud, err, NULL);
+    } else {
+        rb_claim_result res = {.recs = q->recs, .n = q->nrecs};
+        j->cb.claim(j->ud, NULL, &res);
+    }
+    for (size_t i = 0; i < q->nasked; i++) free(q->topics[i]);
+    free(q->topics);
+    free(q);
+}
+
+void mg_claim(rb_store *st, const rb_claim_req *req, rb_claim_cb cb, void *ud)
+{
+    mstore *s = (mstore *)st;
+    if (req->limit == 0 || req->ntopics == 0) {
+        rb_claim_result none = {0};
+        cb(ud, NULL, &none);
+        return;
+    }
+    claim_job *q = mg_job_new(s, sizeof *q, claim_work, claim_done, (rb_store_cb){.claim = cb}, ud);
+    if (!q || !(q->topics = rb_calloc(req->ntopics, sizeof *q->topics))) {
+        free(q);
+        cb(ud, MG_OOM, NULL);
+        return;
+    }
+    q->ntopics = q->nasked = req->ntopics;
+    for (size_t i = 0; i < req->ntopics; i++)
+        if (!(q->topics[i] = rb_strdup(req->topics[i]))) {
+            claim_done(&q->j, MG_OOM);
+            return;
+        }
+    q->limit = req->limit;
+    q->lease = req->lease_duration;
+    mg_submit(s, &q->j);
+}

@@ -1,0 +1,273 @@
+/* mstore.h -- inside the MongoDB store (runtime/stores/mongo/): the store struct and the calls its
+ * files share. Not installed; nothing outside runtime/stores/mongo/ includes it.
+ *
+ * The store keeps deliveries in one collection, named leases in <table>_leases, write
+ * tickets in <table>_tickets, what operators set per topic (a pause) in <table>_topics and,
+ * on FerretDB, the ready queue in <table>_queue. libmongoc
+ * blocks, so every operation is a job run by a small thread pool (runtime/util/jobpool.h) with a
+ * pooled client per worker; results return to the loop thread.
+ *
+ * The files, one concept each:
+ *   mstore.h    this: the struct, the job, the calls the files share (all prefixed mg_)
+ *   jobs.c      a store job on the pool; the server's clock; the ticket prune
+ *   doc.c       errors, reading documents, finds, bulk writes
+ *   payload.c   payloads: JSON text to a BSON value and back
+ *   update.c    the filters and update documents the operations share
+ *   tickets.c   compare-and-set through write tickets (why: see there)
+ *   vcache.c    versions our own claims wrote (FerretDB), so a settle need not read first
+ *   readyq.c    the ready queue (FerretDB): the entries claims read instead of a search
+ *   topics.c    what operators set per topic: pause and resume, and what claims skip
+ *   enqueue.c, claim.c, settle.c, lease.c (named leases), tx.c (transactions, replica sets),
+ *   admin.c (get, list, stats, kick, purge): the operations
+ *   schema.c    migrate's collections and indexes, and the check without migrate
+ *   open.c      the URL, the probe of the server, open, close, the vtable
+ *
+ * Time: expiry and due-ness use the server's clock (hello's localTime, kept as an offset from
+ * our monotonic clock, so a step of our wall clock changes nothing, and refreshed every
+ * CLOCK_REFRESH_S); FerretDB has no $$NOW nor pipeline updates.
+ * Payloads are stored as BSON values, exactly (payload.c), or as their JSON text where MongoDB
+ * cannot hold them as they are. Dedupe keys live in a `dedupe` field (topic and key) that only pending and processing
+ * deliveries carry, under a unique sparse index. */
+#ifndef RB_MSTORE_H
+#define RB_MSTORE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <mongoc/mongoc.h>
+#include "stores/store.h"
+#include "util/hmap.h"
+#include "util/jobpool.h"
+
+/* Internal to the library: not exported from librelaybus.so. */
+#pragma GCC visibility push(hidden)
+
+#define NWORKERS 3
+#define CLOCK_REFRESH_S 30.0
+#define STALE_TICKET_S 60.0
+#define TICKET_TTL_S 3600.0
+#define PRUNE_EVERY_S 300.0     /* a ticket outlives TICKET_TTL_S by this much at most */
+#define BATCH_ROUND 500         /* kick/purge rows per round */
+#define ERRLEN 320
+#define QUEUE_ORPHAN_S 60.0
+#define QUEUE_READ_MAX 600
+
+typedef struct mstore mstore;
+typedef struct mjob mjob;
+
+/* A key a job holds while it writes a document (busy.c); the job owns the node. */
+typedef struct mg_busy {
+    const char *key;            /* NULL: nothing to hold */
+    rb_hnode node;              /* in mstore.busy while held */
+} mg_busy;
+
+struct rb_tx {
+    mstore *s;                  /* NULL once the store closed under it */
+    mongoc_client_t *client;    /* popped from the pool for the transaction's lifetime */
+    mongoc_client_session_t *cs;
+    int enqueued;               /* wake local dispatchers once this commits */
+    char doomed[ERRLEN];        /* the first operation of it that failed: the commit fails */
+    rb_tx *prev, *next;
+};
+
+struct mjob {
+    rb_job pj;                                  /* the pool's part; first */
+    mstore *s;
+    rb_tx *tx;                                  /* tx operations run on the tx's client */
+    void (*work)(mjob *j, mongoc_client_t *c);  /* worker thread */
+    void (*done)(mjob *j, const char *err);     /* loop thread; frees the job */
+    rb_store_cb cb;                             /* the caller's callback, and its ud */
+    void *ud;
+    char err[ERRLEN];
+};
+
+struct mstore {
+    rb_store base;
+    mongoc_uri_t *uri;
+    mongoc_client_pool_t *pool;
+    char *db, *leases, *tickets, *queue, *topics;
+    int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
+    int ferretdb;               /* the server is FerretDB, whatever the dialect */
+    int replset;                /* transactions possible */
+    rb_jobpool *jobs;
+    pthread_mutex_t mu;
+    double clock_offset;            /* server time - our monotonic time (mu) */
+    double clock_checked;           /* monotonic s of the last refresh (mu) */
+    double pruned_at;               /* monotonic s of the last ticket prune (mu) */
+    int closing;                    /* loop thread */
+    rb_tx *txs;                     /* open transactions (loop thread) */
+    rb_hmap vc;                     /* FerretDB: versions our own claims wrote (mu; vcache.c) */
+    pthread_mutex_t busy_mu;        /* busy.c: the documents jobs are writing now */
+    pthread_cond_t busy_cv;
+    rb_hmap busy;                   /* of mg_busy.node, made at open so adding never fails */
+};
+
+extern const char *const MG_STORE_CLOSED;
+#define MG_OOM "mongodb: out of memory"
+
+/* ---- jobs.c ---- */
+/* A zeroed job of `size` bytes (a struct whose first member is the mjob) for the caller's
+ * callback cb and ud; NULL when out of memory (the caller then answers cb itself). */
+void *mg_job_new(mstore *s, size_t size, void (*work)(mjob *, mongoc_client_t *),
+                 void (*done)(mjob *, const char *), rb_store_cb cb, void *ud);
+void mg_submit(mstore *s, mjob *j);
+/* Answers j's records callback: with err the records are freed, else they pass to the caller. */
+void mg_answer_records(mjob *j, const char *err, rb_delivery **recs, size_t n);
+int mg_jobs_start(mstore *s, char *err, size_t errlen);
+double mg_now(mstore *s);               /* the server's clock, epoch s */
+int mg_read_clock(mstore *s, mongoc_client_t *c, bson_t *reply, bson_error_t *e);
+
+/* ---- doc.c ---- */
+char *mg_dupstr(const char *s);         /* NULL stays NULL */
+void mg_one_line(char *s, size_t cap);
+void mg_fail(mjob *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void mg_fail_bson(mjob *j, const char *what, const bson_error_t *e);
+mongoc_collection_t *mg_coll(mstore *s, mongoc_client_t *c, const char *name);
+const char *mg_doc_str(const bson_t *d, const char *k);
+double mg_doc_num(const bson_t *d, const char *k);
+int64_t mg_doc_int(const bson_t *d, const char *k);
+int mg_doc_oid(const bson_t *d, char hex[25]);
+rb_delivery *mg_record_from(const bson_t *d, const char *token);
+/* The payload into d as `payload` and `payload_format` (for a FerretDB server when ferretdb);
+ * 0 with why when BSON cannot hold it. */
+int mg_payload_append(bson_t *d, const char *json, int ferretdb, char *why, size_t whylen);
+/* A stored payload as JSON text (free() it): "null" when d has none; NULL out of memory. */
+char *mg_payload_json(const bson_t *d);
+int mg_parse_oid(const char *id, bson_oid_t *oid);
+bson_t *mg_oid_sel(const char *id, int *ok);
+char *mg_dedupe_value(const char *topic, const char *key);
+int mg_bulk_write_errors(const bson_t *reply, int *codes, size_t n);
+int mg_bulk_run(mjob *j, mongoc_bulk_operation_t *b, int *codes, size_t n, const char *what);
+mongoc_bulk_operation_t *mg_unordered_bulk(mongoc_collection_t *cl);
+int mg_find_docs(mjob *j, mongoc_collection_t *cl, const bson_t *filter, const bson_t *opts,
+                 mongoc_client_session_t *cs, bson_t ***out, size_t *nout);
+void mg_docs_free(bson_t **v, size_t n);
+bson_t *mg_find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
+                    mongoc_client_session_t *cs, int *failed);
+void mg_append_range(bson_t *b, const char *field, const char *op, double v);
+void mg_append_due(bson_t *f, double now);
+bson_t *mg_upd_leave(const bson_t *cur, const char *status, double now);
+bson_t *mg_upd_with(bson_t *u, const char *field, const char *str, double num, int isnum);
+bson_t *mg_upd_unset_dedupe(bson_t *u);
+bson_t *mg_upd_bury(const bson_t *cur, const char *error, double now);
+bson_t *mg_upd_bury_running(const bson_t *cur, const char *error, double now);
+double mg_extended(const bson_t *cur, const char *field, double now, double s);
+int mg_holds_lease(const bson_t *d, const char *token);
+bson_t *mg_upd_settle(const bson_t *cur, const rb_settle_op *op, double now);
+
+/* ---- tickets.c ---- */
+typedef struct cas_op {
+    bson_t sel;             /* {_id: X} */
+    bson_t filter;          /* sel, plus v on MongoDB (atomic there) */
+    char ticket[200];       /* "<doc>:<v+1>" */
+    char owner[140];        /* "<doc>", the ticket's `d` */
+    int64_t old_v;
+    bson_t *update;         /* owned; NULL deletes the document */
+    int won;                /* out: the change was written */
+    int code;               /* out: server error code of the ticket or the write, 0 if none */
+} cas_op;
+
+void mg_cas_init(mstore *s, cas_op *op, const bson_t *cur, const char *prefix, bson_t *update);
+void mg_cas_clear(cas_op *op);          /* frees what one op holds */
+void mg_cas_free(cas_op *ops, size_t n);
+int mg_cas_run(mjob *j, mongoc_client_t *c, const char *docs_name, cas_op *ops, size_t n,
+               double now);
+
+/* ---- busy.c ---- */
+/* Holds the keys of held[0..n) (waiting until no other job holds any of them), then gives
+ * them back: a process writes one document at a time (see busy.c). */
+void mg_busy_take(mstore *s, mg_busy *held, size_t n);
+void mg_busy_give(mstore *s, mg_busy *held, size_t n);
+
+/* ---- vcache.c ---- */
+void mg_vc_put(mstore *s, const char *id, const char *token, int64_t v, int64_t attempts,
+               int64_t qg, double expires);
+bson_t *mg_vc_doc(mstore *s, const char *id, const char *token, int64_t *qg);
+void mg_vc_drop(mstore *s, const char *id);
+void mg_vc_clear(mstore *s);
+
+/* ---- readyq.c ---- */
+typedef char qid[64];
+
+typedef struct qbatch {
+    mongoc_bulk_operation_t *ins;
+    mongoc_collection_t *qc;
+    size_t nins, ndel, cap_ins, cap_del;
+    qid *ins_ids, *del_ids;
+    int oom;
+} qbatch;
+
+void mg_qb_init(qbatch *b, mongoc_collection_t *qc);
+void mg_qb_put(qbatch *b, const char *hex, const char *topic, int64_t g, double at, double now);
+void mg_qb_drop(qbatch *b, const char *hex, int64_t g);
+void mg_qb_del(qbatch *b, const bson_t *entry);
+void mg_qb_move(qbatch *b, const bson_t *entry, double at, double now);
+int mg_qb_run(mjob *j, qbatch *b, int report);
+int mg_queue_backfill(mstore *s, mongoc_client_t *c, char *err, size_t errlen);
+
+/* ---- enqueue.c (tx.c enqueues too) ---- */
+typedef struct enq_job {
+    mjob j;
+    rb_enqueue_item *items;
+    size_t n;
+    char **ids;
+} enq_job;
+
+/* Copies and checks the items into a job for cb/ud; NULL with `err` filled when one cannot be
+ * stored (cb is not called then). */
+enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
+                        void (*work)(mjob *, mongoc_client_t *), rb_ids_cb cb, void *ud,
+                        char *err, size_t errlen);
+bson_t *mg_delivery_doc(const mstore *s, const rb_enqueue_item *it, double now, char hex[25]);
+char *mg_dedupe_holder(mjob *j, mongoc_collection_t *cl, const rb_enqueue_item *it,
+                       mongoc_client_session_t *cs, int *failed);
+long mg_same_key_before(const rb_enqueue_item *items, size_t i);
+
+/* ---- url.c ---- */
+typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;
+
+/* Takes the store's own option dialect=mongodb|ferretdb out of the URL (libmongoc would warn
+ * of it): 1 with *out the URL without it (free it) and *dialect; 0 with err filled. */
+int mg_url_take_dialect(const char *url, char **out, mg_dialect *dialect, char *err,
+                        size_t errlen);
+
+/* ---- schema.c ---- */
+int mg_migrate(mstore *s, mongoc_client_t *c, char *err, size_t errlen);
+int mg_check_schema(mstore *s, mongoc_client_t *c, char *err, size_t errlen);
+
+/* ---- tx.c ---- */
+void mg_tx_close_all(mstore *s);        /* the store closes: each open rb_tx is left dead */
+
+/* ---- the operations (the vtable, open.c) ---- */
+void mg_enqueue(rb_store *st, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
+void mg_claim(rb_store *st, const rb_claim_req *req, rb_claim_cb cb, void *ud);
+void mg_settle(rb_store *st, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud);
+void mg_get(rb_store *st, const char *id, rb_records_cb cb, void *ud);
+void mg_list(rb_store *st, const rb_list_req *req, rb_records_cb cb, void *ud);
+void mg_stats(rb_store *st, rb_stats_cb cb, void *ud);
+void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud);
+void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
+              rb_count_cb cb, void *ud);
+/* operator.c, admin.c: for the dashboard */
+void mg_topic_stats(rb_store *st, rb_rows_cb cb, void *ud);
+void mg_pending_topics(rb_store *st, size_t scan_max, rb_rows_cb cb, void *ud);
+void mg_bury(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud);
+void mg_pause(rb_store *st, const char *topic, int paused, rb_count_cb cb, void *ud);
+void mg_paused(rb_store *st, rb_rows_cb cb, void *ud);
+/* Of topics[0..*n), moves the paused ones to the end and makes *n the count of the others;
+ * their count in *npaused. -1 (j failed) when the read failed. Worker thread. */
+int mg_split_paused(mjob *j, mongoc_client_t *c, char **topics, size_t *n, size_t *npaused);
+void mg_remove(rb_store *st, const char *id, rb_count_cb cb, void *ud);
+void mg_lease(rb_store *s, rb_lease_op op, const char *name, const char *token, double duration,
+              rb_lease_cb cb, void *ud);
+void mg_begin(rb_store *st, rb_tx_cb cb, void *ud);
+void mg_tx_doom(rb_tx *tx, const char *why);
+void mg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
+void mg_tx_doc(rb_tx *tx, rb_doc_op op, const char *collection, const char *filter_json,
+               const char *doc_json, rb_doc_cb cb, void *ud);
+void mg_commit(rb_tx *tx, rb_settle_op *complete, rb_done_cb cb, void *ud);
+void mg_rollback(rb_tx *tx, rb_done_cb cb, void *ud);
+
+#pragma GCC visibility pop
+
+#endif

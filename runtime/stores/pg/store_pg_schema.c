@@ -1,0 +1,652 @@
+/* store_pg_schema.c -- the PostgreSQL store's SQL and schema: the migrations (tables, the
+ * partial indexes, the NOTIFY trigger), the statements the store runs, and migrate / check at
+ * open (blocking, libpq's synchronous calls). docs/stores.md describes the schema. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <libpq-fe.h>
+#include "stores/pg/store_pg_schema.h"
+#include "util/alloc.h"
+#include "util/text.h"
+
+#define ERRLEN 512
+
+/* ---- SQL --------------------------------------------------------------------------------
+ * "@T" stands for the table name (validated as an identifier, always inside double quotes). */
+
+/* When a row next needs attention: its run_at while pending, its lease expiry while processing.
+ * One partial index on it keeps claims cheap however many settled rows the table holds. */
+#define DUE "(CASE WHEN status = 'pending' THEN run_at ELSE lease_expires_at END)"
+#define COLS "id::text AS id_text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
+    "max_attempts, fence, date_part('epoch', run_at), " \
+    "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
+#define LIVE "status IN ('pending', 'processing')"
+
+/* The fenced writes of a settle batch inside "@T_claim", from its five arrays of one length:
+ * s_id, s_token, s_kind (rb_settle_kind: 0 complete, 1 reschedule, 2 bury, 3 release,
+ * 4 extend), s_delay and s_error. A row changes only while it is processing under the given
+ * token; o.ord numbers the writes. The two clauses that look redundant fix the plan for any
+ * size of table: d.id = ANY(s_id) gives the scan of d an index condition on the primary key
+ * whatever the join order, and the status compared with the variable `processing` (a
+ * parameter in the cached plan) cannot prove the predicate of the partial "@T_due", so the
+ * planner cannot walk all of it for the ids (its second column). */
+#define SETTLE \
+    "WITH o AS (SELECT * FROM unnest(s_id, s_token, s_kind, s_delay, s_error)" \
+    "  WITH ORDINALITY AS o(id, tok, kind, dl, err, ord))" \
+    " UPDATE \"@T\" AS d SET" \
+    "  status = CASE o.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'buried'" \
+    "   WHEN 4 THEN 'processing' ELSE 'pending' END," \
+    "  attempts = CASE WHEN o.kind = 3 THEN greatest(d.attempts - 1, 0) ELSE d.attempts END," \
+    "  run_at = CASE WHEN o.kind IN (1, 3) THEN now() + o.dl * interval '1 second'" \
+    "   ELSE d.run_at END," \
+    "  last_error = CASE WHEN o.kind IN (1, 2) THEN coalesce(o.err, d.last_error)" \
+    "   ELSE d.last_error END," \
+    "  lease_token = CASE WHEN o.kind = 4 THEN d.lease_token END," \
+    /* an extension never shortens the lease */ \
+    "  lease_expires_at = CASE WHEN o.kind = 4 THEN greatest(d.lease_expires_at," \
+    "   now() + o.dl * interval '1 second') END," \
+    "  settled_at = CASE WHEN o.kind IN (0, 2) THEN now() END" \
+    " FROM o WHERE d.id = o.id AND d.id = ANY(s_id) AND d.status = processing" \
+    "  AND d.lease_token = o.tok"
+
+/* The claim function of migration 7 (its comment there says what it does); 9 makes it again
+ * with the pause: DECL declares, START runs before the settles and the claim. */
+#define CLAIM_FUNCTION(DECL, START) \
+    "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8," \
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[]," \
+    " s_error text[], p_next boolean, p_tell_wait boolean) RETURNS TABLE (c_id text," \
+    " c_topic text, c_payload text, c_key text, c_last_error text, c_lease_token text," \
+    " c_status text, c_attempts integer," \
+    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8," \
+    " c_lease_expires_at float8, c_settled integer)" \
+    " LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off" \
+    " SET enable_nestloop = off SET enable_sort = off SET enable_bitmapscan = off SET jit = off" \
+    " AS $f$\n" \
+    "DECLARE processing constant text := 'processing';\n" \
+    " slots_text text; slots integer; slot integer; tkey integer; user_timeout text;\n" \
+    " claimed bigint; waited boolean := false;\n" DECL \
+    "BEGIN\n" \
+    "  IF p_limit > 0 THEN\n" \
+    "    slots_text := btrim(coalesce(current_setting('relaybus.claim_slots', true), ''));\n" \
+    "    slots := CASE WHEN slots_text ~ '^[+-]?[0-9]{1,9}$' THEN slots_text::integer ELSE 2 END;\n" \
+    "    IF slots > 0 THEN\n" \
+    "      tkey := ('\"@T\"'::regclass::oid::bigint - 2147483648)::integer;\n" \
+    "      slot := 0;\n" \
+    "      WHILE slot < slots AND NOT pg_try_advisory_xact_lock(tkey, slot) LOOP\n" \
+    "        slot := slot + 1;\n" \
+    "      END LOOP;\n" \
+    "      IF slot = slots THEN\n" \
+    "        user_timeout := current_setting('lock_timeout');\n" \
+    "        IF user_timeout = '0' THEN PERFORM set_config('lock_timeout', '1s', true); END IF;\n" \
+    "        BEGIN\n" \
+    "          PERFORM pg_advisory_xact_lock(tkey, floor(random() * slots)::integer);\n" \
+    "          waited := true;\n" \
+    "        EXCEPTION WHEN lock_not_available THEN\n" \
+    "          NULL;\n" \
+    "        END;\n" \
+    "        PERFORM set_config('lock_timeout', user_timeout, true);\n" \
+    "      END IF;\n" \
+    "    END IF;\n" \
+    "  END IF;\n" \
+    START \
+    "  IF coalesce(array_length(s_id, 1), 0) > 0 THEN\n" \
+    "    RETURN QUERY WITH w AS (" SETTLE \
+    "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)" \
+    "    SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
+    "     NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::float8," \
+    "     w.expires, w.ord::integer FROM w;\n" \
+    "  END IF;\n" \
+    "  IF p_limit > 0 THEN\n" \
+    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\"" \
+    "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" \
+    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
+    " u AS (UPDATE \"@T\" AS d SET" \
+    "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END," \
+    "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END," \
+    "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END," \
+    "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL ELSE p_token END," \
+    "  lease_expires_at = CASE WHEN d.attempts >= d.max_attempts THEN NULL" \
+    "   ELSE now() + p_lease * interval '1 second' END," \
+    "  last_error = CASE WHEN d.attempts >= d.max_attempts" \
+    "   THEN coalesce(d.last_error, 'max attempts exceeded') ELSE d.last_error END," \
+    "  settled_at = CASE WHEN d.attempts >= d.max_attempts THEN now() END" \
+    /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be \
+     * planned as a hash join over a scan of the whole table */ \
+    "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)" \
+    " SELECT " COLS ", NULL::integer FROM u WHERE status = 'processing' ORDER BY run_at, id;\n" \
+    "  GET DIAGNOSTICS claimed = ROW_COUNT;\n" \
+    "  IF p_next AND claimed < p_limit THEN\n" \
+    "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
+    "     NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint," \
+    /* (the difference of the epochs, not of the times: a run_at of 'infinity' or \
+     * '-infinity', as an operator may park a row, cannot be subtracted from a time) */ \
+    "     (SELECT date_part('epoch', " DUE ") - date_part('epoch', now()) FROM \"@T\" WHERE " LIVE \
+    "      ORDER BY " DUE ", id LIMIT 1), NULL::float8, NULL::float8, 0;\n" \
+    "  END IF;\n" \
+    "  IF p_tell_wait AND waited THEN\n" \
+    "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
+    " NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8," \
+    " NULL::float8, NULL::float8, -1;\n" \
+    "  END IF;\n" \
+    "  END IF;\n" \
+    "END\n" \
+    "$f$;\n"
+
+/* Migration N brings the schema from version N-1 to N; each is idempotent. */
+static const char *const migrations[] = {
+    "CREATE TABLE IF NOT EXISTS \"@T\" ("
+    " id bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,"
+    " topic text NOT NULL,"
+    " payload jsonb NOT NULL DEFAULT 'null',"
+    " key text,"
+    " status text NOT NULL DEFAULT 'pending'"
+    "  CHECK (status IN ('pending', 'processing', 'completed', 'buried')),"
+    " attempts integer NOT NULL DEFAULT 0,"
+    " max_attempts integer NOT NULL DEFAULT 25,"
+    " fence bigint NOT NULL DEFAULT 0,"
+    " run_at timestamptz NOT NULL DEFAULT now(),"
+    " created_at timestamptz NOT NULL DEFAULT now(),"
+    " lease_token text,"
+    " lease_expires_at timestamptz,"
+    " settled_at timestamptz,"
+    " last_error text);\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_due\" ON \"@T\" (" DUE ", id) WHERE " LIVE ";\n"
+    "CREATE UNIQUE INDEX IF NOT EXISTS \"@T_dedup\" ON \"@T\" (topic, key)"
+    " WHERE key IS NOT NULL AND " LIVE ";\n"
+    "CREATE TABLE IF NOT EXISTS \"@T_leases\" ("
+    " name text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);\n"
+    /* Enqueue as a function: the dedupe retry (a conflicting row may settle between the
+     * INSERT and the look-up) needs a loop, and the NOTIFY rides the same commit. Without
+     * keys, one INSERT; identity values grow in insertion order, so sorted ids match input. */
+    "CREATE OR REPLACE FUNCTION \"@T_enq\"(p_topic text[], p_payload text[], p_key text[],"
+    " p_run_at float8[], p_delay float8[], p_max integer[]) RETURNS SETOF bigint"
+    " LANGUAGE plpgsql AS $f$\n"
+    "DECLARE i integer; nid bigint;\n"
+    "BEGIN\n"
+    "  IF NOT EXISTS (SELECT 1 FROM unnest(p_key) AS k(v) WHERE v IS NOT NULL) THEN\n"
+    "    RETURN QUERY WITH ins AS (\n"
+    "      INSERT INTO \"@T\" (topic, payload, run_at, max_attempts)\n"
+    "      SELECT u.t, u.p::jsonb, CASE WHEN u.r > 0 THEN to_timestamp(u.r)\n"
+    "             ELSE now() + u.dl * interval '1 second' END, u.m\n"
+    "      FROM unnest(p_topic, p_payload, p_run_at, p_delay, p_max)\n"
+    "           WITH ORDINALITY AS u(t, p, r, dl, m, ord)\n"
+    "      ORDER BY u.ord RETURNING id)\n"
+    "    SELECT ins.id FROM ins ORDER BY ins.id;\n"
+    "  ELSE\n"
+    "    FOR i IN 1 .. coalesce(array_length(p_topic, 1), 0) LOOP\n"
+    "      LOOP\n"
+    "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts)\n"
+    "        VALUES (p_topic[i], p_payload[i]::jsonb, p_key[i],\n"
+    "                CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n"
+    "                ELSE now() + p_delay[i] * interval '1 second' END, p_max[i])\n"
+    "        ON CONFLICT (topic, key) WHERE key IS NOT NULL AND " LIVE " DO NOTHING\n"
+    "        RETURNING id INTO nid;\n"
+    "        EXIT WHEN nid IS NOT NULL;\n"
+    "        SELECT id INTO nid FROM \"@T\"\n"
+    "         WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE ";\n"
+    "        EXIT WHEN nid IS NOT NULL;\n"
+    "      END LOOP;\n"
+    "      RETURN NEXT nid;\n"
+    "    END LOOP;\n"
+    "  END IF;\n"
+    "  PERFORM pg_notify('@T', '');\n"
+    "END\n"
+    "$f$;\n",
+    /* 2: any INSERT wakes idle dispatchers, so applications in any language can enqueue with
+     * plain SQL in their own transactions (NOTIFY is delivered at commit, once per payload). */
+    "CREATE OR REPLACE FUNCTION \"@T_notify\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n"
+    "BEGIN PERFORM pg_notify('@T', ''); RETURN NULL; END\n"
+    "$f$;\n"
+    "DROP TRIGGER IF EXISTS \"@T_notify\" ON \"@T\";\n"
+    "CREATE TRIGGER \"@T_notify\" AFTER INSERT ON \"@T\""
+    " FOR EACH STATEMENT EXECUTE FUNCTION \"@T_notify\"();\n",
+    /* 3: the first claim function, replaced whole by 4 (which creates it where 3 never ran). */
+    "SELECT 1;\n",
+    /* 4: the claim function's earlier text, replaced whole by 5 (which creates it where 4
+     * never ran), and the function for the check for topics nobody handles. */
+    "SELECT 1;\n"
+    /* The counts per topic of the p_scan earliest due pending deliveries, for the check for
+     * topics nobody handles: the ordered walk of "@T_due" that stops at p_scan, under the
+     * same settings, so no statistics can turn it into a read of every live row. */
+    "CREATE OR REPLACE FUNCTION \"@T_pending_topics\"(p_scan bigint, p_max bigint)"
+    " RETURNS TABLE (c_topic text, c_pending bigint) LANGUAGE sql"
+    " SET enable_seqscan = off SET enable_sort = off SET enable_bitmapscan = off SET jit = off"
+    " AS $f$\n"
+    "SELECT p.topic, count(*) FROM (SELECT d.topic FROM \"@T\" AS d WHERE d.status = 'pending'"
+    " ORDER BY " DUE ", d.id LIMIT p_scan) AS p GROUP BY p.topic ORDER BY p.topic LIMIT p_max\n"
+    "$f$;\n",
+    /* 5: the claim function with claim slots, of the arguments of 3 and 4; its text is now
+     * part of 7 (which creates it where 5 never ran). */
+    "SELECT 1;\n",
+    /* 6: the claim function with p_next and the trigger on updates; its text is now part of
+     * 7 (which creates them where 6 never ran). */
+    "SELECT 1;\n",
+    /* 7: the claim as a function, which also applies the settles of the batch before it: one
+     * statement, one round trip and one commit for both (the settles first, so a delivery
+     * they release can be claimed again at once). Its rows: the settles' results first
+     * (c_settled = the write's ordinal, c_lease_expires_at its new expiry; the other columns
+     * NULL), then the claimed deliveries (c_settled NULL), then, when p_next is true and it
+     * claimed fewer than p_limit, one row with c_settled 0: c_run_at is the seconds until the
+     * earliest live delivery of the table falls due (its run_at, or its lease's expiry; NULL
+     * when none is live), read from the head of "@T_due"; and when p_tell_wait is true and
+     * it got its claim slot only after waiting for it (below), one row with c_settled -1. A dispatcher that
+     * hears every insert and every update that makes a delivery due sooner (the triggers of 2
+     * and 7, on its LISTEN connection) sleeps until then instead of polling. With p_limit 0 it
+     * only settles: ST_SETTLE is this function too, so every fenced write runs under the same
+     * plans.
+     * The planner settings: plpgsql caches each statement's plan from its first calls, and a
+     * table starts empty. A plan made for an empty table (or one whose statistics were taken
+     * while few rows were live) scans it whole: a sequential scan to find the claimed or the
+     * settled ids, a bitmap scan and a sort of every due row, so a fresh table under load
+     * falls behind until autovacuum's first ANALYZE replaces the plans (docs/performance.md,
+     * "The claim function's planner settings", has the figures).
+     * With sequential scans, bitmap scans and sorts off, the only plans left reach rows by
+     * key, however many rows the table holds: the ordered walk of "@T_due" that stops after the
+     * limit, the primary key for the ids (see SETTLE for how its statement keeps to it).
+     * Nested loops off: the settle's join of n writes to n rows by hash, not n rescans of the
+     * writes for each row (n^2). The
+     * plans are always the generic ones, so that is true of every call, not only of those
+     * after the first five. The sort of the claimed rows stays; its penalty cost would start
+     * JIT compilation, hence jit off.
+     * Claim slots: at most relaybus.claim_slots claims (default 2; 0 or less: no limit) run at
+     * once on the table, from all processes: each holds one of that many transaction-scoped
+     * advisory locks (keys: the table's oid, the slot number). Every claim walks the head of
+     * "@T_due" and steps over the rows the claims beside it have locked and not committed yet:
+     * the more claims at once, the more index entries each reads per row it claims, and the
+     * server's CPU per delivery grows (docs/performance.md, "Claim slots"). The slot comes first, before the settles, so a claim waiting for
+     * one holds no row (a keyed enqueue or a bury of a delivery it settles would wait behind
+     * it). With every slot taken it waits on one, at most a second (or the session's own
+     * lock_timeout), then claims without one: a slot held by a stuck or foreign session slows
+     * claims, never stops them. A claim waiting for a slot holds its statement's snapshot, and
+     * with it the old row versions at the head of "@T_due" that every claim steps over: a claim that waited and got a slot
+     * (the claims beside it are many, not stuck) returns a row of c_settled -1, which tells
+     * the dispatcher to keep one claim in flight instead of two for a while
+     * (dispatcher_claim.c). One that gave up waiting says nothing: behind a stuck holder a
+     * single claim in flight would only halve what still gets claimed.
+     * The setting is parsed strictly (ASCII digits, spaces around): anything else counts as
+     * the default, so no value can make the cast fail every claim. */
+    CLAIM_FUNCTION("", "")
+    /* The arguments of 6 (p_next, no p_tell_wait) and of 3 to 5, which an older relaybus
+     * calls: the same function, without the rows they do not know. */
+    "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
+    " s_error text[], p_next boolean) RETURNS TABLE (c_id text, c_topic text, c_payload text,"
+    " c_key text, c_last_error text, c_lease_token text, c_status text, c_attempts integer,"
+    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
+    " c_lease_expires_at float8, c_settled integer) LANGUAGE sql AS $f$\n"
+    "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
+    " s_delay, s_error, p_next, false)\n"
+    "$f$;\n"
+    "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
+    " s_error text[]) RETURNS TABLE (c_id text, c_topic text, c_payload text, c_key text,"
+    " c_last_error text, c_lease_token text, c_status text, c_attempts integer,"
+    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8,"
+    " c_lease_expires_at float8, c_settled integer) LANGUAGE sql AS $f$\n"
+    "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
+    " s_delay, s_error, false, false)\n"
+    "$f$;\n"
+    /* An update that makes a delivery due sooner wakes idle dispatchers as an insert does
+     * (the trigger of 2): a settle that hands a delivery back or schedules its retry, a kick,
+     * an UPDATE by hand. Claims and completions leave the row not pending: no call. Made
+     * only where missing (a table of 6 has it): dropping it would lock the table against
+     * every claim and settle until the migration commits. (Table names are letters, digits
+     * and _, so they are safe inside the literals.) */
+    "DO $d$ BEGIN\n"
+    "  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '\"@T\"'::regclass"
+    " AND tgname = '@T_sooner') THEN\n"
+    "    CREATE TRIGGER \"@T_sooner\" AFTER UPDATE ON \"@T\" FOR EACH ROW"
+    " WHEN (NEW.status = 'pending' AND (OLD.status <> 'pending' OR NEW.run_at < OLD.run_at))"
+    " EXECUTE FUNCTION \"@T_notify\"();\n"
+    "  END IF;\n"
+    "END $d$;\n"
+    /* Every claim and every completion leaves a dead entry at the head of "@T_due", and only
+     * VACUUM removes them; each claim and each next-due read walks over them first
+     * (docs/performance.md, "The deliveries table's autovacuum settings"). Autovacuum's
+     * default waits for dead rows of a fifth of the table, and since PostgreSQL 14 skips the indexes when
+     * few pages hold dead rows: so a fixed threshold, and the indexes always vacuumed. */
+    "ALTER TABLE \"@T\" SET (autovacuum_vacuum_scale_factor = 0,"
+    " autovacuum_vacuum_threshold = 10000, vacuum_index_cleanup = true);\n",
+    /* 8: the functions find the table whatever search_path their caller set: a user's
+     * transaction may SET it before tx:enqueue or before the completion commits with it.
+     * (The search_path of the migration, which found the table. A later migration that
+     * replaces one of these functions must say SET search_path FROM CURRENT again.) */
+    "ALTER FUNCTION \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[])"
+    " SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean) SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[]) SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_pending_topics\"(bigint, bigint) SET search_path FROM CURRENT;\n",
+    /* 9: what operators set per topic, for every process on the table: a pause. The claim
+     * (the one function that every relaybus's claims and settles reach) takes nothing of a
+     * paused topic: it claims from the others alone. */
+    "CREATE TABLE IF NOT EXISTS \"@T_topics\" (topic text PRIMARY KEY, paused_at timestamptz);\n"
+    CLAIM_FUNCTION(" paused text[];\n",
+        "  IF p_limit > 0 THEN\n"
+        "    paused := ARRAY(SELECT t.topic FROM \"@T_topics\" t WHERE t.topic = ANY(p_topics)"
+        " AND t.paused_at IS NOT NULL);\n"
+        "    IF cardinality(paused) > 0 THEN\n"
+        "      p_topics := ARRAY(SELECT x FROM unnest(p_topics) AS x WHERE x <> ALL(paused));\n"
+        "    END IF;\n"
+        "  END IF;\n")
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
+};
+#define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
+
+/* Statements prepared once per connection. */
+const char *const rb_pg_stmt_names[ST_COUNT] = {
+    "rb_enq", "rb_claim", "rb_settle", "rb_get", "rb_lacq", "rb_lext", "rb_lrel"};
+const char *const rb_pg_stmt_templates[ST_COUNT] = {
+    [ST_ENQ] = "SELECT id::text FROM \"@T_enq\"($1::text[], $2::text[], $3::text[],"
+               " $4::float8[], $5::float8[], $6::integer[]) AS id",
+    [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
+                 " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true, true)",
+    [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"
+                  " 0::float8, NULL::text, $1::bigint[], $2::text[], $3::integer[], $4::float8[],"
+                  " $5::text[], false, false)",
+    [ST_GET] = "SELECT " COLS " FROM \"@T\" WHERE id = $1::bigint",
+    [ST_LACQ] =
+        "INSERT INTO \"@T_leases\" AS l (name, token, expires_at)"
+        " VALUES ($1::text, $2::text, now() + $3::float8 * interval '1 second')"
+        " ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at"
+        " WHERE l.expires_at <= now() OR l.token = excluded.token"
+        " RETURNING date_part('epoch', l.expires_at)",
+    [ST_LEXT] =
+        "UPDATE \"@T_leases\" SET expires_at = greatest(expires_at, now() + $3::float8 * interval '1 second')"
+        " WHERE name = $1::text AND token = $2::text AND expires_at > now()"
+        " RETURNING date_part('epoch', expires_at)",
+    [ST_LREL] = "DELETE FROM \"@T_leases\" WHERE name = $1::text AND token = $2::text RETURNING 0",
+};
+
+const char rb_pg_sql_list[] =
+    "SELECT " COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
+    " AND ($2::text IS NULL OR topic = $2::text) ORDER BY id LIMIT $3::bigint";
+const char rb_pg_sql_list_page[] =
+    "SELECT " COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
+    " AND ($2::text IS NULL OR topic = $2::text) AND ($4::bigint IS NULL OR id < $4::bigint)"
+    " ORDER BY id DESC LIMIT $3::bigint";
+/* A running delivery's lease loses its token (the run's later writes are refused) and keeps
+ * its expiry, which a kick makes it due no earlier than (rb_pg_sql_kick); so does a pending
+ * one that a kick left waiting for it. */
+const char rb_pg_sql_bury_one[] =
+    "UPDATE \"@T\" SET status = 'buried', settled_at = now(), last_error = $2::text,"
+    " lease_token = NULL"
+    " WHERE id = $1::bigint AND status IN ('pending','processing')";
+const char rb_pg_sql_delete_one[] =
+    "DELETE FROM \"@T\" WHERE id = $1::bigint AND status IN ('completed','buried')";
+const char rb_pg_sql_topic_stats[] =
+    "SELECT topic, count(*) FILTER (WHERE status = 'pending') AS pending,"
+    " count(*) FILTER (WHERE status = 'processing') AS processing,"
+    " count(*) FILTER (WHERE status = 'completed') AS completed,"
+    " count(*) FILTER (WHERE status = 'buried') AS buried"
+    " FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
+/* $1 the topic; a row only when the state changes. A resume wakes idle dispatchers ($2 the
+ * channel, the table's name): the topic's deliveries may be due. */
+const char rb_pg_sql_pause[] =
+    "INSERT INTO \"@T_topics\" AS t (topic, paused_at) VALUES ($1::text, now())"
+    " ON CONFLICT (topic) DO UPDATE SET paused_at = excluded.paused_at WHERE t.paused_at IS NULL";
+const char rb_pg_sql_resume[] =
+    "WITH u AS (UPDATE \"@T_topics\" SET paused_at = NULL WHERE topic = $1::text"
+    " AND paused_at IS NOT NULL RETURNING topic) SELECT pg_notify($2::text, '') FROM u";
+const char rb_pg_sql_paused[] =
+    "SELECT topic, date_part('epoch', paused_at) AS paused_at FROM \"@T_topics\""
+    " WHERE paused_at IS NOT NULL ORDER BY topic LIMIT $1::bigint";
+const char rb_pg_sql_pending_topics[] =
+    "SELECT c_topic AS topic, c_pending AS pending FROM \"@T_pending_topics\"($1::bigint, $2::bigint)";
+const char rb_pg_sql_stats[] =
+    "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'processing'),"
+    " count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'buried'),"
+    " count(*) FILTER (WHERE " LIVE " AND " DUE " <= now()),"
+    " coalesce(extract(epoch FROM now() - min(" DUE ") FILTER (WHERE " LIVE " AND " DUE " <= now()))"
+    "  ::float8, 0) FROM \"@T\"";
+/* A buried row whose topic and key are live again stays buried (the dedupe index forbids two
+ * live ones); of several buried twins only the newest comes back. Due now, or, when an
+ * operator buried it while it ran, when that run's lease ends: the run never outlives it.
+ * The lease stays on the pending row until then, so a bury and kick again keep the wait. */
+const char rb_pg_sql_kick[] =
+    "UPDATE \"@T\" AS d SET status = 'pending', attempts = 0,"
+    " run_at = greatest(now(), coalesce(d.lease_expires_at, now())), settled_at = NULL,"
+    " lease_token = NULL,"
+    " lease_expires_at = CASE WHEN d.lease_expires_at > now() THEN d.lease_expires_at END"
+    " WHERE d.status = 'buried' AND ($1::bigint IS NULL OR d.id = $1::bigint) AND (d.key IS NULL OR ("
+    "  NOT EXISTS (SELECT 1 FROM \"@T\" o WHERE o.topic = d.topic AND o.key = d.key AND o." LIVE ")"
+    "  AND d.id = (SELECT max(b.id) FROM \"@T\" b WHERE b.topic = d.topic AND b.key = d.key"
+    "   AND b.status = 'buried')))";
+/* The retention's purge also mends rows made processing by hand without a lease: no claim
+ * sees them (their DUE is NULL), so they get a lease that is over now. DUE IS NULL is read
+ * from the end of "@T_due", whatever the table's size. */
+const char rb_pg_sql_purge[] =
+    "WITH mended AS (UPDATE \"@T\" SET lease_expires_at = now() WHERE " LIVE
+    " AND " DUE " IS NULL AND status = 'processing' RETURNING 0)"
+    " DELETE FROM \"@T\" WHERE id IN (SELECT id FROM \"@T\" WHERE status = $1::text"
+    " AND coalesce(settled_at, created_at) <= now() - $2::float8 * interval '1 second'"
+    " LIMIT $3::bigint)";
+
+
+/* "postgresql: " + msg on one line: libpq's messages carry newlines and tabs. */
+void rb_pg_one_line(char *out, size_t outlen, const char *msg)
+{
+    size_t n = (size_t)snprintf(out, outlen, "postgresql: ");
+    if (n < outlen) rb_one_line(out + n, outlen - n, msg ? msg : "unknown error");
+}
+
+char *rb_pg_result_error(const PGresult *r)
+{
+    char buf[ERRLEN], msg[ERRLEN];
+    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    const char *detail = PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL);
+    if (!primary) primary = PQresultErrorMessage(r);
+    /* jsonb refuses "\u0000" as an "unsupported Unicode escape sequence": only the detail
+     * says which, and a payload string holding a NUL byte is the usual cause */
+    if (primary && detail && strstr(detail, "\\u0000")) {
+        snprintf(msg, sizeof msg, "%s: jsonb cannot hold a NUL character (\\u0000) in a string", primary);
+        primary = msg;
+    }
+    rb_pg_one_line(buf, sizeof buf, primary);
+    return rb_strdup(buf);
+}
+
+char *rb_pg_subst_table(const char *tpl, const char *table)
+{
+    return rb_text_subst(tpl, "@T", table);
+}
+
+/* The statements the store runs name the table with its schema ("@T always follows a double
+ * quote): a user's transaction may change search_path, or make a temporary table of the same
+ * name, before relaybus's statements run on its connection. */
+char *rb_pg_subst_qualified(const char *tpl, const char *schema, const char *table)
+{
+    size_t n = strlen(schema), k = 0;
+    char *name = rb_malloc(2 * n + strlen(table) + 8);
+    if (!name) return NULL;
+    name[k++] = '"';
+    for (const char *p = schema; *p; p++) {
+        if (*p == '"') name[k++] = '"';     /* a quote inside a quoted identifier doubles */
+        name[k++] = *p;
+    }
+    k += (size_t)sprintf(name + k, "\".\"%s", table);
+    char *sql = rb_text_subst(tpl, "\"@T", name);
+    free(name);
+    return sql;
+}
+
+/* The schema of the table that `table` names on the search path, into out; 0 on failure. */
+int rb_pg_table_schema(PGconn *pq, const char *table, char *out, size_t outlen, char *err,
+                       size_t errlen)
+{
+    const char *p[1] = {table};
+    PGresult *r = PQexecParams(pq, "SELECT n.nspname FROM pg_class c JOIN pg_namespace n"
+                               " ON n.oid = c.relnamespace WHERE c.oid = to_regclass(quote_ident($1))",
+                               1, NULL, p, NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+             (size_t)PQgetlength(r, 0, 0) < outlen;
+    if (ok) snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
+    else snprintf(err, errlen, "postgresql: cannot find the schema of table %s", table);
+    PQclear(r);
+    return ok;
+}
+
+
+/* ---- migrate and check (blocking, at open) ---------------------------------------------- */
+
+static int exec_ok(PGconn *pq, const char *sql, char *err, size_t errlen, const char *what)
+{
+    PGresult *r = PQexec(pq, sql);
+    ExecStatusType st = PQresultStatus(r);
+    int ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+    if (!ok) {
+        char *m = rb_pg_result_error(r);
+        snprintf(err, errlen, "%s%s%s", m ? m : "postgresql: error", what ? " " : "", what ? what : "");
+        free(m);
+    }
+    PQclear(r);
+    return ok;
+}
+
+/* The schema version of the table: -1 when unknown (no version table or no row). */
+static int schema_version(PGconn *pq, const char *table)
+{
+    const char *p[1] = {table};
+    PGresult *r = PQexecParams(pq, "SELECT version FROM relaybus_schema WHERE table_name = $1",
+                               1, NULL, p, NULL, NULL, 0);
+    int v = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) v = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return v;
+}
+
+/* Whether the deliveries table is missing (on the search path), though relaybus_schema may
+ * still hold its row: a table dropped by hand, its version left behind. */
+static int table_missing(PGconn *pq, const char *table)
+{
+    const char *p[1] = {table};
+    PGresult *r = PQexecParams(pq, "SELECT to_regclass(quote_ident($1)) IS NULL", 1, NULL, p,
+                               NULL, NULL, 0);
+    int missing = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+                  strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return missing;
+}
+
+/* 1 when relation `name` (on the search path) exists without `column`. */
+static int lacks_column(PGconn *pq, const char *name, const char *column)
+{
+    const char *p[2] = {name, column};
+    PGresult *r = PQexecParams(pq, "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute WHERE"
+                               " attrelid = c.oid AND attname = $2 AND NOT attisdropped)"
+                               " FROM (SELECT to_regclass(quote_ident($1)) AS oid) c WHERE c.oid IS NOT NULL",
+                               2, NULL, p, NULL, NULL, 0);
+    int lacks = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+                strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return lacks;
+}
+
+/* The deliveries table TABLE, its leases table TABLE_leases and its topic settings
+ * TABLE_topics must be what they say: another relaybus table may hold one of the names (a
+ * deliveries table named jobs_leases beside --table jobs), or an application's own table or
+ * index. Refused before anything is made. */
+int rb_pg_check_names(PGconn *pq, const char *table, char *err, size_t errlen)
+{
+    char leases[256], topics[256];
+    snprintf(leases, sizeof leases, "%s_leases", table);
+    snprintf(topics, sizeof topics, "%s_topics", table);
+    if (lacks_column(pq, table, "fence"))
+        snprintf(err, errlen, "postgresql: relation %s exists and is not a relaybus deliveries "
+                 "table (is it another table's named leases, or the application's?): choose "
+                 "another table name", table);
+    else if (lacks_column(pq, leases, "token"))
+        snprintf(err, errlen, "postgresql: relation %s exists and is not the named leases of "
+                 "table %s (is it a deliveries table?): choose another table name", leases, table);
+    else if (lacks_column(pq, topics, "paused_at"))
+        snprintf(err, errlen, "postgresql: relation %s exists and is not the topic settings of "
+                 "table %s (is it a deliveries table?): choose another table name", topics, table);
+    else
+        return 1;
+    return 0;
+}
+
+/* Brings the schema up to date in one transaction. The advisory lock serialises concurrent
+ * opens: CREATE ... IF NOT EXISTS alone races on the catalog. */
+int rb_pg_migrate(PGconn *pq, const char *table, char *err, size_t errlen)
+{
+    if (!exec_ok(pq, "BEGIN", err, errlen, NULL)) return 0;
+    int ok = exec_ok(pq, "SELECT pg_advisory_xact_lock(7262017731406542)", err, errlen, NULL) &&
+             exec_ok(pq, "CREATE TABLE IF NOT EXISTS relaybus_schema (table_name text PRIMARY KEY,"
+                         " version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())",
+                     err, errlen, "(creating relaybus_schema)");
+    int v = ok ? schema_version(pq, table) : 0;
+    /* Dropped by hand: made again from the start. (Not a newer relaybus's table: this one
+     * would record its own, older version over that one's.) */
+    if (ok && v >= 0 && v <= PG_SCHEMA_VERSION && table_missing(pq, table)) v = -1;
+    for (int i = v < 0 ? 0 : v; ok && i < PG_SCHEMA_VERSION; i++) {
+        char *sql = rb_pg_subst_table(migrations[i], table);
+        char what[64];
+        snprintf(what, sizeof what, "(migration %d)", i + 1);
+        ok = sql && exec_ok(pq, sql, err, errlen, what);
+        if (!sql) snprintf(err, errlen, "postgresql: out of memory");
+        free(sql);
+    }
+    if (ok && v < PG_SCHEMA_VERSION) {
+        const char *p[2] = {table, NULL};
+        char ver[16];
+        snprintf(ver, sizeof ver, "%d", PG_SCHEMA_VERSION);
+        p[1] = ver;
+        PGresult *r = PQexecParams(pq,
+            "INSERT INTO relaybus_schema (table_name, version) VALUES ($1, $2::integer)"
+            " ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, migrated_at = now()",
+            2, NULL, p, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+            char *m = rb_pg_result_error(r);
+            snprintf(err, errlen, "%s", m ? m : "postgresql: recording the schema version failed");
+            free(m);
+            ok = 0;
+        }
+        PQclear(r);
+    }
+    if (!ok) {
+        PQclear(PQexec(pq, "ROLLBACK"));
+        return 0;
+    }
+    return exec_ok(pq, "COMMIT", err, errlen, NULL);
+}
+
+/* Without migrate: the schema must be there, and nothing is created when it is not. */
+int rb_pg_check_schema(PGconn *pq, const char *table, char *err, size_t errlen)
+{
+    const char *p[1] = {table};
+    PGresult *r = PQexecParams(pq, "SELECT version FROM relaybus_schema WHERE table_name = $1",
+                               1, NULL, p, NULL, NULL, 0);
+    int v = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+        if (PQntuples(r) == 1) v = atoi(PQgetvalue(r, 0, 0));
+    } else {
+        const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        if (!state || strcmp(state, "42P01") != 0) {    /* not undefined_table */
+            char *m = rb_pg_result_error(r);
+            snprintf(err, errlen, "%s (reading relaybus_schema)", m ? m : "postgresql: error");
+            free(m);
+            PQclear(r);
+            return 0;
+        }
+    }
+    PQclear(r);
+    if (v >= 0 && table_missing(pq, table)) {
+        snprintf(err, errlen, "postgresql: no table %s in this database, though relaybus_schema "
+                 "records version %d of it (was it dropped? run relaybus migrate)", table, v);
+        return 0;
+    }
+    if (v >= PG_SCHEMA_VERSION) return 1;
+    if (v < 0)
+        snprintf(err, errlen, "postgresql: no relaybus schema here (run relaybus migrate): no "
+                 "table %s in this database", table);
+    else
+        snprintf(err, errlen, "postgresql: the schema of table %s is at version %d, this relaybus "
+                 "needs %d (run relaybus migrate)", table, v, PG_SCHEMA_VERSION);
+    return 0;
+}
+
