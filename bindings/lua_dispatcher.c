@@ -471,6 +471,16 @@ static lua_dispatcher *check_dispatcher(lua_State *L, int idx)
     return ld;
 }
 
+/* The dispatcher keeps its store's C struct, which a store:close() frees: every call that
+ * reaches the store through the dispatcher checks first that it is still open. */
+static void check_store_open(lua_State *L, lua_dispatcher *ld, const char *what)
+{
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->store_ref);
+    if (luaL_checkudata(L, -1, RB_STORE_MT) && !rb_lua_store_open(L, -1))
+        rb_misuse(L, "%s: the dispatcher's store is closed", what);
+    lua_pop(L, 1);
+}
+
 static double lua_backoff(int attempts, void *ud)
 {
     lua_dispatcher *ld = ud;
@@ -646,10 +656,7 @@ static int l_start(lua_State *L)
     lua_dispatcher *ld = check_dispatcher(L, 1);
     if (ld->stopped) return rb_misuse(L, "start: this dispatcher was stopped; make a new one");
     if (ld->started) return 0;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ld->store_ref);
-    if (luaL_checkudata(L, -1, RB_STORE_MT) && !rb_lua_store_open(L, -1))
-        return rb_misuse(L, "start: the dispatcher's store is closed");
-    lua_pop(L, 1);
+    check_store_open(L, ld, "start");
     if (rb_dispatcher_start(ld->d) != 0) return luaL_error(L, "relaybus: out of memory");
     ld->started = 1;
     ld->m->ndispatchers_running++;
@@ -877,6 +884,7 @@ static int l_every(lua_State *L)
     if (lua_type(L, 4) != LUA_TFUNCTION) return rb_misuse(L, "every: expected a function");
     if (ld->started || ld->stopped)
         return rb_misuse(L, "every: the dispatcher has started; call every before start");
+    check_store_open(L, ld, "every");
     rb_lua_every_register(L, ld->m, ld->d, ld->store_ref, name, interval, 4);
     lua_settop(L, 1);
     return 1;

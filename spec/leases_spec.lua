@@ -119,6 +119,19 @@ for _, backend in ipairs(backends) do
         end
         d:every(string.rep("n", 249), 1, function() end)
       end)
+
+      -- (the random calls found it: every read the store's freed struct through the dispatcher)
+      it("a dispatcher whose store was closed refuses every and start with a one-line misuse", function()
+        local url, opts = select(2, S.open(backend.entry))
+        local store = assert(relaybus.open(url, opts))
+        local d = H.dispatcher(store)
+        store:close()
+        for what, call in pairs { every = function() d:every("after-close", 1, function() end) end,
+                                  start = function() d:start() end } do
+          local err = H.raises_relaybus(call)
+          assert.equal("relaybus: " .. what .. ": the dispatcher's store is closed", err)
+        end
+      end)
     end
 
     it("expiry frees the name: another claim succeeds once the holder's deadline has passed, not before", function()
