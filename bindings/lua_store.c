@@ -200,11 +200,12 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
     int nres = 0;
     if (T && err) nres = push_err(T, err);
     else if (T) {
-        lua_createtable(T, 0, 6);
+        lua_createtable(T, 0, 7);
         lua_pushinteger(T, st->pending);    lua_setfield(T, -2, "pending");
         lua_pushinteger(T, st->processing); lua_setfield(T, -2, "processing");
         lua_pushinteger(T, st->completed);  lua_setfield(T, -2, "completed");
         lua_pushinteger(T, st->buried);     lua_setfield(T, -2, "buried");
+        lua_pushinteger(T, st->cancelled);  lua_setfield(T, -2, "cancelled");
         lua_pushinteger(T, st->due);        lua_setfield(T, -2, "due");
         lua_pushnumber(T, st->oldest_due_age); lua_setfield(T, -2, "oldest_due_age");
         nres = 1;
@@ -212,7 +213,8 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
     rb_await_resolve(w, nres);
 }
 
-/* store:_topic_stats(): {{topic =, pending =, processing =, completed =, buried =}, ...}
+/* store:_topic_stats(): {{topic =, pending =, processing =, completed =, buried =,
+ * cancelled =}, ...}
  * (internal: for `relaybus stats --topics`). */
 static void on_topic_stats(void *ud, const char *err, rb_rowset *rs)
 {
@@ -222,14 +224,15 @@ static void on_topic_stats(void *ud, const char *err, rb_rowset *rs)
     if (T && err) nres = push_err(T, err);
     else if (T) {
         lua_createtable(T, rs ? (int)rs->nrows : 0, 0);
-        for (size_t i = 0; rs && rs->ncols >= 5 && i < rs->nrows; i++) {
+        for (size_t i = 0; rs && rs->ncols >= 6 && i < rs->nrows; i++) {
             const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
-            lua_createtable(T, 0, 5);
+            lua_createtable(T, 0, 6);
             if (v[0].type == RB_VTEXT) lua_pushlstring(T, v[0].s, v[0].len);
             else lua_pushliteral(T, "");
             lua_setfield(T, -2, "topic");
-            static const char *const names[] = {"pending", "processing", "completed", "buried"};
-            for (int c = 1; c < 5; c++) {
+            static const char *const names[] = {"pending", "processing", "completed", "buried",
+                                                "cancelled"};
+            for (int c = 1; c < 6; c++) {
                 lua_pushinteger(T, v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT
                                        ? (lua_Integer)v[c].f : 0);
                 lua_setfield(T, -2, names[c - 1]);
@@ -520,6 +523,30 @@ static void on_changed(void *ud, const char *err, int64_t count)
     rb_await_resolve(w, nres);
 }
 
+/* store:cancel(id): true when the delivery was pending or processing and is cancelled now,
+ * false when there was nothing to cancel (settled, unknown, or no id of this store). */
+static int l_store_cancel(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    if (lua_type(L, 2) != LUA_TSTRING && lua_type(L, 2) != LUA_TNUMBER)
+        return rb_misuse(L, "cancel: expected a delivery id (a string)");
+    size_t n;
+    const char *id = lua_tolstring(L, 2, &n);
+    if (strlen(id) != n) {      /* no id holds a NUL */
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    if (!s->vt->cancel) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: cancel is not supported here", s->vt->name);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->cancel(s, id, "cancelled", on_changed, w);
+    return rb_await_finish(L, w);
+}
+
 /* store:pause(topic) / store:resume(topic): true when that changed the topic's state, false
  * when it already was so. */
 static int pause_or_resume(lua_State *L, int paused)
@@ -577,8 +604,9 @@ static int l_store_purge(lua_State *L)
     rb_check_options(L, 2, "purge", purge_opts);
     lua_getfield(L, 2, "status");
     const char *st = lua_tostring(L, -1);
-    if (!st || (strcmp(st, "completed") != 0 && strcmp(st, "buried") != 0))
-        rb_misuse(L, "purge: status must be \"completed\" or \"buried\"");
+    if (!st || (strcmp(st, "completed") != 0 && strcmp(st, "buried") != 0 &&
+                strcmp(st, "cancelled") != 0))
+        rb_misuse(L, "purge: status must be \"completed\", \"buried\" or \"cancelled\"");
     double older = rb_opt_number(L, 2, "older_than", 0);
     double limit = rb_opt_number(L, 2, "limit", 0);
     if (!rb_valid_seconds(older))
@@ -962,6 +990,7 @@ static const luaL_Reg store_methods[] = {
     {"kick", l_store_kick},
     {"purge", l_store_purge},
     {"pause", l_store_pause},
+    {"cancel", l_store_cancel},
     {"resume", l_store_resume},
     {"paused", l_store_paused},
     {"try_acquire", rb_lua_try_acquire},

@@ -168,7 +168,7 @@ local function claims_then_migrates(url, store, t, version)
   store:close()
   local s, err = relaybus.open(url, { table = t, migrate = false })
   assert.is_nil(s)
-  assert.truthy(err:find("version " .. version .. ", this relaybus needs 9 (run relaybus migrate)", 1, true), err)
+  assert.truthy(err:find("version " .. version .. ", this relaybus needs 10 (run relaybus migrate)", 1, true), err)
   s = assert(relaybus.open(url, { table = t }))
   assert.equal(VACUUM_SETTINGS, vacuum_settings(s, t))
   return s
@@ -367,9 +367,11 @@ describe("opening a store", function()
         end)
       end
       if entry.name == "sqlite" then
-        -- The status CHECK as every relaybus before 2026-12-03 made it, and as it is rewritten.
-        local OLD_CHECK = "CHECK (status IN ('pending','processing','completed','buried'))"
-        local NEW_CHECK = "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))"
+        -- The status CHECK as every relaybus before 2026-12-03 made it, as it was rewritten
+        -- until schema version 4, and as it is now (which allows cancelled too).
+        local OLD_CHECKS = { "CHECK (status IN ('pending','processing','completed','buried'))",
+                             "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))" }
+        local NEW_CHECK = "CHECK (status IN ('pending','processing') OR status IN ('completed','buried') OR status = 'cancelled')"
         local function sqlite_cli(path, text)
           local p = assert(io.popen("sqlite3 " .. q(path) .. " " .. q(text) .. " 2>&1"))
           local out = p:read("a")
@@ -379,46 +381,47 @@ describe("opening a store", function()
         local function check_of(path)
           return sqlite_cli(path, "SELECT sql FROM sqlite_master WHERE name = 'relaybus_deliveries'"):match("CHECK %b()")
         end
-        -- A file made by this relaybus, its CHECK then put back as the older ones wrote it.
-        local function file_with_old_check(path, items)
+        -- A file made by this relaybus, its CHECK then put back as an older one wrote it.
+        local function file_with_old_check(path, items, old_check)
           local store = assert(relaybus.open("sqlite:" .. path))
           local ids = assert(store:enqueue_many(items))
           store:close()
           assert.equal(NEW_CHECK, check_of(path))
           local cookie = tonumber(sqlite_cli(path, "PRAGMA schema_version"))
           sqlite_cli(path, "PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, "
-            .. "'" .. NEW_CHECK:gsub("'", "''") .. "', '" .. OLD_CHECK:gsub("'", "''") .. "') WHERE name = 'relaybus_deliveries'; "
+            .. "'" .. NEW_CHECK:gsub("'", "''") .. "', '" .. old_check:gsub("'", "''") .. "') WHERE name = 'relaybus_deliveries'; "
             .. "PRAGMA schema_version = " .. (cookie + 1) .. "; PRAGMA writable_schema = OFF")
-          assert.equal(OLD_CHECK, check_of(path))
+          assert.equal(old_check, check_of(path))
           return ids
         end
 
-        it("sqlite: a table whose status CHECK is the list of four gets two lists of two from a migrating open, and nothing else changes", function()
-          local path = S.tmpfile("check") .. ".db"
-          local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } })
-          local function sql(text) return sqlite_cli(path, text) end
-          local function check_of_table() return check_of(path) end
-          local old, new = OLD_CHECK, NEW_CHECK
-          local store
-          -- the same schema version: an open without migrate takes it as it is
-          store = assert(relaybus.open("sqlite:" .. path, { migrate = false }))
-          store:close()
-          assert.equal(old, check_of_table())
-          store = assert(relaybus.open("sqlite:" .. path))
-          assert.equal(new, check_of_table())
-          assert.equal("ok", (sql("PRAGMA integrity_check"):gsub("%s+$", "")))
-          assert.equal("3", (sql("SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
-          -- the constraint still holds, for writers other than relaybus too
-          assert.truthy(sql("UPDATE relaybus_deliveries SET status = 'done' WHERE id = 1"):find("CHECK constraint failed", 1, true))
-          for _, st in ipairs { "pending", "processing", "completed", "buried" } do
-            assert.equal("", sql("UPDATE relaybus_deliveries SET status = '" .. st .. "' WHERE id = 99"))
+        it("sqlite: a table whose status CHECK is an older one gets the current from a migrating open, and nothing else changes", function()
+          for k, old in ipairs(OLD_CHECKS) do
+            local path = S.tmpfile("check" .. k) .. ".db"
+            local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, old)
+            local function sql(text) return sqlite_cli(path, text) end
+            local function check_of_table() return check_of(path) end
+            local store
+            -- an open without migrate changes no schema
+            store = assert(relaybus.open("sqlite:" .. path, { migrate = false }))
+            store:close()
+            assert.equal(old, check_of_table())
+            store = assert(relaybus.open("sqlite:" .. path))
+            assert.equal(NEW_CHECK, check_of_table())
+            assert.equal("ok", (sql("PRAGMA integrity_check"):gsub("%s+$", "")))
+            assert.equal("4", (sql("SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+            -- the constraint still holds, for writers other than relaybus too
+            assert.truthy(sql("UPDATE relaybus_deliveries SET status = 'done' WHERE id = 1"):find("CHECK constraint failed", 1, true))
+            for _, st in ipairs { "pending", "processing", "completed", "buried", "cancelled" } do
+              assert.equal("", sql("UPDATE relaybus_deliveries SET status = '" .. st .. "' WHERE id = 99"))
+            end
+            runs_both(store, ids)
+            store:close()
+            -- opening again changes nothing
+            store = assert(relaybus.open("sqlite:" .. path))
+            store:close()
+            assert.equal(NEW_CHECK, check_of_table())
           end
-          runs_both(store, ids)
-          store:close()
-          -- opening again changes nothing
-          store = assert(relaybus.open("sqlite:" .. path))
-          store:close()
-          assert.equal(new, check_of_table())
         end)
 
         it("sqlite: eight processes opening a new file at once all open it (25 times over)", function()
@@ -507,7 +510,7 @@ print("RAN " .. table.concat(ran, ","))
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
           H.one_line(err)
-          assert.truthy(err:find("version 2, this relaybus needs 9 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 2, this relaybus needs 10 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           runs_both(store, ids)
           store:close()
@@ -529,7 +532,7 @@ print("RAN " .. table.concat(ran, ","))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
-          assert.truthy(err:find("version 3, this relaybus needs 9 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 3, this relaybus needs 10 (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local c = settings()
           for _, want in ipairs { "plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_nestloop=off", "enable_sort=off",

@@ -32,6 +32,7 @@ const char *rb_abort_reason_name(rb_abort_reason r)
     case RB_ABORT_LEASE: return "lease";
     case RB_ABORT_TIMEOUT: return "timeout";
     case RB_ABORT_SHUTDOWN: return "shutdown";
+    case RB_ABORT_CANCELLED: return "cancelled";
     default: return NULL;
     }
 }
@@ -39,7 +40,8 @@ const char *rb_abort_reason_name(rb_abort_reason r)
 const char *rb_outcome_name(rb_outcome o)
 {
     static const char *const names[RB_OUT_COUNT] = {"completed", "retried", "buried", "released",
-                                                    "lease_lost", "timeout", "abandoned"};
+                                                    "lease_lost", "timeout", "abandoned",
+                                                    "cancelled"};
     return (unsigned)o < RB_OUT_COUNT ? names[o] : "unknown";
 }
 
@@ -94,11 +96,24 @@ static void on_local_enqueue(void *ud)
     for (rb_dispatcher *d = dispatchers_on(s); d; d = d->next_on_store) rb_dispatcher_wake(d);
 }
 
+/* A cancel took the lease of the run of delivery id under token (NULL: whichever run of
+ * it): that run, or a run parked behind it, stops (rb_store vtable cancel). */
+static void on_local_cancel(void *ud, const char *id, const char *token)
+{
+    for (rb_run *run = disp_active_find(ud, id); run; run = run->parked) {
+        if (token && (!run->rec->lease_token || strcmp(run->rec->lease_token, token) != 0))
+            continue;
+        if (run->state == RUN_RUNNING || run->state == RUN_BEGINNING)
+            disp_run_abort(run, RB_ABORT_CANCELLED);
+    }
+}
+
 static void wake_list_add(rb_dispatcher *d, disp_shared *sh)
 {
     d->next_on_store = sh->dispatchers;
     sh->dispatchers = d;
     d->store->local_wakeup = on_local_enqueue;
+    d->store->local_cancelled = on_local_cancel;
     d->store->local_wakeup_ud = d->store;
 }
 

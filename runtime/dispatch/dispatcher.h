@@ -18,7 +18,8 @@ typedef enum {
     RB_ABORT_NONE = 0,
     RB_ABORT_LEASE,     /* the lease was lost or ran out: nothing is written */
     RB_ABORT_TIMEOUT,   /* the handler's timeout passed: settled as a failure "timeout" */
-    RB_ABORT_SHUTDOWN   /* stop() gave up waiting: released, attempt not counted */
+    RB_ABORT_SHUTDOWN,  /* stop() gave up waiting: released, attempt not counted */
+    RB_ABORT_CANCELLED  /* the delivery was cancelled (rb_store vtable cancel): nothing is written */
 } rb_abort_reason;
 
 const char *rb_abort_reason_name(rb_abort_reason r);
@@ -38,6 +39,7 @@ typedef enum {
     RB_OUT_TIMEOUT,     /* the handler's timeout passed (then retried or buried) */
     RB_OUT_ABANDONED,   /* the final write was never confirmed (a stop's timeout, a store that
                          * refused it to the end of the lease): the lease decides */
+    RB_OUT_CANCELLED,   /* nothing was written: the delivery was cancelled while it ran */
     RB_OUT_COUNT
 } rb_outcome;
 const char *rb_outcome_name(rb_outcome o);  /* "completed", "retried", ... */

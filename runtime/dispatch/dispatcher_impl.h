@@ -296,6 +296,7 @@ void disp_run_release_ref(rb_run *run);
 void disp_set_settling(rb_run *run);
 void disp_write_final(rb_run *run, rb_settle_kind kind, double delay, const char *error);
 void disp_on_renewed(settle_req *r, const char *err);
+void disp_run_lost(rb_run *run);        /* its lease was refused: abort, cancelled or lost */
 
 /* dispatcher_settle.c */
 settle_req *disp_settle_new(rb_run *run, rb_settle_kind kind, double delay, const char *error,

@@ -235,6 +235,32 @@ rb_abort_reason rb_run_check(rb_run *run)
 }
 
 
+static void on_lost_looked_up(void *ud, const char *err, rb_delivery **recs, size_t n)
+{
+    rb_run *run = ud;
+    int cancelled = !err && n == 1 && recs[0]->status == RB_CANCELLED;
+    rb_delivery_list_free(recs, n);
+    run->renewing = 0;
+    if (run->state == RUN_RUNNING || run->state == RUN_BEGINNING)
+        disp_run_abort(run, cancelled ? RB_ABORT_CANCELLED : RB_ABORT_LEASE);
+    disp_run_release_ref(run);
+}
+
+/* The store refused the run's lease: it ran out and another took it, or the delivery was
+ * cancelled (an operator in another process; this one heard at once). One read tells which,
+ * for the handler's ctx.signal.reason; the writes are refused either way meanwhile, and
+ * renewals wait for the answer. */
+void disp_run_lost(rb_run *run)
+{
+    if (run->aborted || !run->store->vt->cancel) {
+        disp_run_abort(run, RB_ABORT_LEASE);
+        return;
+    }
+    run->refs++;
+    run->renewing = 1;
+    run->store->vt->get(run->store, run->rec->id, on_lost_looked_up, run);
+}
+
 void disp_on_renewed(settle_req *r, const char *err)
 {
     rb_run *run = r->run;
@@ -248,7 +274,7 @@ void disp_on_renewed(settle_req *r, const char *err)
         return;
     }
     if (!r->op.applied) {
-        disp_run_abort(run, RB_ABORT_LEASE);
+        disp_run_lost(run);
         return;
     }
     if (run->d->listeners) {
@@ -382,6 +408,9 @@ void disp_run_abort(rb_run *run, rb_abort_reason reason)
         rb_log_limited_d(&lost, RB_LOG_INFO, run->rec->id, run->rec->topic, "run of %s (%s) lost"
                          " its lease: nothing of it is written, the delivery runs again",
                          run->rec->id, run->rec->topic);
+    else if (reason == RB_ABORT_CANCELLED)
+        rb_log_limited_d(&lost, RB_LOG_INFO, run->rec->id, run->rec->topic, "run of %s (%s) was"
+                         " cancelled: nothing more of it is written", run->rec->id, run->rec->topic);
     stop_run_clocks(run);
     if (run->state == RUN_RUNNING && run->h->def.abort)
         run->h->def.abort(run, reason, run->h->def.ud);
@@ -528,8 +557,10 @@ double rb_run_backoff(const rb_run *run) { return backoff_for(run->d, run->rec->
 /* The outcome table (docs/lua.md "Outcomes"), for a run that has no explicit settle. */
 static void settle_outcome(rb_run *run, int ok, const char *error)
 {
-    if (run->abandoned || run->aborted == RB_ABORT_LEASE) {
-        disp_set_outcome(run, run->abandoned ? RB_OUT_ABANDONED : RB_OUT_LEASE_LOST, NULL);
+    if (run->abandoned || run->aborted == RB_ABORT_LEASE || run->aborted == RB_ABORT_CANCELLED) {
+        disp_set_outcome(run, run->abandoned ? RB_OUT_ABANDONED
+                              : run->aborted == RB_ABORT_CANCELLED ? RB_OUT_CANCELLED
+                              : RB_OUT_LEASE_LOST, NULL);
         disp_run_settled(run);           /* the lease is gone: nothing is written */
         return;
     }
@@ -670,7 +701,8 @@ static void not_begun(rb_run *run, const char *err)
 {
     disp_set_settling(run);
     if (!err && !run->abandoned && run->aborted != RB_ABORT_SHUTDOWN &&
-        (run->aborted == RB_ABORT_LEASE || rb_monotonic() >= run_effective_deadline(run))) {
+        (run->aborted == RB_ABORT_LEASE || run->aborted == RB_ABORT_CANCELLED ||
+         rb_monotonic() >= run_effective_deadline(run))) {
         disp_write_final(run, RB_OP_RELEASE, 0, NULL);
         return;
     }

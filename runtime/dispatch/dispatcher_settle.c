@@ -227,7 +227,7 @@ static void on_explicit_written(settle_req *r, const char *err)
         return;
     }
     if (!r->op.applied) {
-        if (run->state == RUN_RUNNING) disp_run_abort(run, RB_ABORT_LEASE);
+        if (run->state == RUN_RUNNING) disp_run_lost(run);
         r->ucb(r->uud, "lease lost", 0);
         return;
     }

@@ -42,16 +42,17 @@ void rb_delivery_list_free(rb_delivery **list, size_t n)
     free(list);
 }
 
-static const char *const status_names[] = {"pending", "processing", "completed", "buried"};
+static const char *const status_names[RB_STATUS_COUNT] = {"pending", "processing", "completed",
+                                                          "buried", "cancelled"};
 
 const char *rb_status_name(rb_status s)
 {
-    return (unsigned)s < 4 ? status_names[s] : "unknown";
+    return (unsigned)s < RB_STATUS_COUNT ? status_names[s] : "unknown";
 }
 
 int rb_status_parse(const char *name)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < RB_STATUS_COUNT; i++)
         if (name && strcmp(name, status_names[i]) == 0) return i;
     return -1;
 }

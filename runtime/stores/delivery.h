@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { RB_PENDING = 0, RB_PROCESSING, RB_COMPLETED, RB_BURIED } rb_status;
+typedef enum { RB_PENDING = 0, RB_PROCESSING, RB_COMPLETED, RB_BURIED, RB_CANCELLED, RB_STATUS_COUNT } rb_status;
 
 typedef struct rb_delivery {
     char *id;               /* unique in the store */

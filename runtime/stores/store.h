@@ -90,13 +90,14 @@ typedef struct rb_list_req {
 } rb_list_req;
 
 typedef struct rb_stats {
-    int64_t pending, processing, completed, buried, due;
+    int64_t pending, processing, completed, buried, cancelled, due;
     double oldest_due_age;  /* s; 0 when nothing is due */
 } rb_stats;
 
 /* What the store's lease call does with a named lease (see the vtable's lease). */
 typedef enum rb_lease_op { RB_LEASE_ACQUIRE, RB_LEASE_EXTEND, RB_LEASE_RELEASE } rb_lease_op;
-/* topic_stats' rows: columns topic (text), pending, processing, completed, buried (ints),
+/* topic_stats' rows: columns topic (text), pending, processing, completed, buried, cancelled
+ * (ints),
  * one row per topic, ordered by topic, at most RB_TOPIC_STATS_MAX rows. */
 #define RB_TOPIC_STATS_MAX 10000
 
@@ -200,13 +201,14 @@ typedef struct rb_store_vtable {
     void (*get)(rb_store *s, const char *id, rb_records_cb cb, void *ud);
     void (*list)(rb_store *s, const rb_list_req *req, rb_records_cb cb, void *ud);
     void (*stats)(rb_store *s, rb_stats_cb cb, void *ud);
-    /* RB_KICK_ONE: the buried delivery `id`; RB_KICK_BURIED: all buried. -> pending, attempts 0,
+    /* RB_KICK_ONE: the buried or cancelled delivery `id`; RB_KICK_BURIED: all buried. -> pending, attempts 0,
      * due now, or when the lease that `bury` kept ends if that is later (no new run while
      * the buried run may still act).
      * A buried delivery whose topic and key a live delivery holds again: PostgreSQL leaves it
      * buried (not counted), MongoDB requeues it without its dedupe, SQLite requeues it. */
     void (*kick)(rb_store *s, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud);
-    /* Deletes deliveries of `status` (completed or buried) settled more than older_than s ago,
+    /* Deletes deliveries of `status` (completed, buried or cancelled) settled more than
+     * older_than s ago,
      * at most `limit` of them (0 = no limit). */
     void (*purge)(rb_store *s, const char *status, double older_than, size_t limit,
                   rb_count_cb cb, void *ud);
@@ -217,7 +219,15 @@ typedef struct rb_store_vtable {
      * kick), last_error = reason (may be NULL).
      * count: 1 when buried, 0 when no such live delivery. */
     void (*bury)(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud);
-    /* Deletes delivery `id` when it is completed or buried. count: 1 deleted, 0 otherwise. */
+    /* Cancels delivery `id` when it is pending or processing: -> cancelled, settled now,
+     * last_error = reason (may be NULL), its lease's token cleared (a running handler's later
+     * writes are not applied; the expiry stays for kick, as after bury). Dispatchers running
+     * it hear of it through rb_store_cancelled: in this process at once, on PostgreSQL in the
+     * others by NOTIFY; elsewhere their next renewal finds the lease gone.
+     * count: 1 when cancelled, 0 when no such live delivery. */
+    void (*cancel)(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud);
+    /* Deletes delivery `id` when it is settled (completed, buried or cancelled).
+     * count: 1 deleted, 0 otherwise. */
     void (*remove)(rb_store *s, const char *id, rb_count_cb cb, void *ud);
 
     /* Named leases. `token` identifies the holder. acquire succeeds when the name is free,
@@ -306,6 +316,9 @@ struct rb_store {
     /* In-process wake-up: enqueue calls it so a local dispatcher starts at once. */
     void (*local_wakeup)(void *ud);
     void *local_wakeup_ud;
+    /* The run of delivery `id` under lease `token` (NULL: whichever run of it) was cancelled:
+     * the dispatcher layer aborts it. Called through rb_store_cancelled. */
+    void (*local_cancelled)(void *ud, const char *id, const char *token);
     /* The dispatcher layer's state for the dispatchers on this store (dispatch/
      * dispatcher_impl.h, disp_shared: the registry of their unsettled runs, the list a local
      * enqueue wakes, what their claims learnt of the store): opaque here, made by the first
@@ -357,5 +370,7 @@ void rb_tune_malloc(void);
 int rb_valid_identifier(const char *name);          /* [A-Za-z_][A-Za-z0-9_]{0,62} */
 void rb_random_token(char out[33]);                 /* 128 random bits, hex */
 void rb_store_notify_local(rb_store *s);            /* call after a commit that added deliveries */
+/* call when a cancel took delivery `id` out of processing (token: the lease it took, or NULL) */
+void rb_store_cancelled(rb_store *s, const char *id, const char *token);
 
 #endif

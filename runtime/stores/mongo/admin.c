@@ -140,6 +140,7 @@ static int stats_by_status(stats_job *q, mongoc_collection_t *cl)
         case RB_PROCESSING: q->st.processing = n; break;
         case RB_COMPLETED: q->st.completed = n; break;
         case RB_BURIED: q->st.buried = n; break;
+        case RB_CANCELLED: q->st.cancelled = n; break;
         default: break;
         }
     }
@@ -215,14 +216,15 @@ typedef struct count_job {
     mjob j;
     rb_kick_mode mode;
     char *id, *status;
-    char *reason;               /* bury one */
+    char *reason;               /* bury or cancel one */
+    char *token;                /* cancel one: the lease of the run it cancelled */
     double older_than;
     size_t limit;
     int64_t count;
 } count_job;
 
 /* When a kicked delivery falls due: now, or, when an operator buried it while it ran, when
- * that run's lease ends (mg_upd_bury_running kept it): the run never outlives it. */
+ * that run's lease ends (mg_upd_end_live kept it): the run never outlives it. */
 static double kick_due(const bson_t *cur, double now)
 {
     double lease_end = mg_doc_num(cur, "lease_expires_at");
@@ -332,7 +334,9 @@ static void kick_work(mjob *j, mongoc_client_t *c)
         size_t live = 0;
         for (size_t i = 0; i < n; i++) {
             const char *st = mg_doc_str(docs[i], "status");
-            if (!st || strcmp(st, "buried") != 0) {
+            /* (kicking one requeues a cancelled delivery too) */
+            if (!st || (strcmp(st, "buried") != 0 &&
+                        (q->mode != RB_KICK_ONE || strcmp(st, "cancelled") != 0))) {
                 bson_destroy(docs[i]);
                 docs[i] = NULL;
             } else {
@@ -374,12 +378,13 @@ static void purge_work(mjob *j, mongoc_client_t *c)
     mongoc_collection_destroy(cl);
 }
 
-/* The operator's bury one (status "bury") and remove one settled: one document by id, when
- * its status allows, through the same versioned write as every other change. */
+/* The operator's bury or cancel one (status "buried", "cancelled") and remove one settled
+ * (status "remove"): one document by id, when its status allows, through the same versioned
+ * write as every other change. */
 static void one_work(mjob *j, mongoc_client_t *c)
 {
     count_job *q = (count_job *)j;
-    int bury = q->status && strcmp(q->status, "bury") == 0;
+    int bury = strcmp(q->status, "remove") != 0;
     int ok, failed = 0;
     bson_t *sel = mg_oid_sel(q->id, &ok);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
@@ -389,7 +394,8 @@ static void one_work(mjob *j, mongoc_client_t *c)
     if (!d) return;
     const char *st = mg_doc_str(d, "status");
     int fits = st && (bury ? (!strcmp(st, "pending") || !strcmp(st, "processing"))
-                           : (!strcmp(st, "completed") || !strcmp(st, "buried")));
+                           : (!strcmp(st, "completed") || !strcmp(st, "buried") ||
+                              !strcmp(st, "cancelled")));
     if (!fits) { bson_destroy(d); return; }
     double now = mg_now(j->s);
     if (!bury) {
@@ -400,8 +406,13 @@ static void one_work(mjob *j, mongoc_client_t *c)
     }
     cas_op op;
     memset(&op, 0, sizeof op);
-    mg_cas_init(j->s, &op, d, "d", mg_upd_bury_running(d, q->reason, now));
-    if (mg_cas_run(j, c, j->s->base.table, &op, 1, now) == 0 && op.won) q->count = 1;
+    mg_cas_init(j->s, &op, d, "d", mg_upd_end_live(d, q->status, q->reason, now));
+    if (mg_cas_run(j, c, j->s->base.table, &op, 1, now) == 0 && op.won) {
+        q->count = 1;
+        const char *token = mg_doc_str(d, "lease_token");
+        if (!strcmp(st, "processing") && token && !(q->token = rb_strdup(token)))
+            mg_fail(j, "out of memory");
+    }
     mg_cas_clear(&op);
     bson_destroy(d);
 }
@@ -409,7 +420,10 @@ static void one_work(mjob *j, mongoc_client_t *c)
 static void count_done(mjob *j, const char *err)
 {
     count_job *q = (count_job *)j;
+    /* a cancel tells this process's dispatchers before its caller (on the loop's thread) */
+    if (!err && q->token) rb_store_cancelled(&j->s->base, q->id, q->token);
     j->cb.count(j->ud, err, err ? 0 : q->count);
+    free(q->token);
     free(q->id);
     free(q->reason);
     free(q->status);
@@ -434,8 +448,9 @@ void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, rb_count_cb cb, vo
 void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
               rb_count_cb cb, void *ud)
 {
-    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0)) {
-        cb(ud, "mongodb: purge: status must be completed or buried", 0);
+    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0 &&
+                    strcmp(status, "cancelled") != 0)) {
+        cb(ud, "mongodb: purge: status must be completed, buried or cancelled", 0);
         return;
     }
     count_job *q = mg_job_new((mstore *)st, sizeof *q, purge_work, count_done, (rb_store_cb){.count = cb}, ud);
@@ -472,7 +487,12 @@ static void one_op(rb_store *st, const char *what, const char *id, const char *r
 
 void mg_bury(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud)
 {
-    one_op(st, "bury", id, reason, cb, ud);
+    one_op(st, "buried", id, reason, cb, ud);
+}
+
+void mg_cancel(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    one_op(st, "cancelled", id, reason, cb, ud);
 }
 
 void mg_remove(rb_store *st, const char *id, rb_count_cb cb, void *ud)

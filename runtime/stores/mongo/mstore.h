@@ -150,7 +150,7 @@ bson_t *mg_upd_leave(const bson_t *cur, const char *status, double now);
 bson_t *mg_upd_with(bson_t *u, const char *field, const char *str, double num, int isnum);
 bson_t *mg_upd_unset_dedupe(bson_t *u);
 bson_t *mg_upd_bury(const bson_t *cur, const char *error, double now);
-bson_t *mg_upd_bury_running(const bson_t *cur, const char *error, double now);
+bson_t *mg_upd_end_live(const bson_t *cur, const char *status, const char *error, double now);
 double mg_extended(const bson_t *cur, const char *field, double now, double s);
 int mg_holds_lease(const bson_t *d, const char *token);
 bson_t *mg_upd_settle(const bson_t *cur, const rb_settle_op *op, double now);
@@ -258,6 +258,7 @@ void mg_paused(rb_store *st, rb_rows_cb cb, void *ud);
  * their count in *npaused. -1 (j failed) when the read failed. Worker thread. */
 int mg_split_paused(mjob *j, mongoc_client_t *c, char **topics, size_t *n, size_t *npaused);
 void mg_remove(rb_store *st, const char *id, rb_count_cb cb, void *ud);
+void mg_cancel(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud);
 void mg_lease(rb_store *s, rb_lease_op op, const char *name, const char *token, double duration,
               rb_lease_cb cb, void *ud);
 void mg_begin(rb_store *st, rb_tx_cb cb, void *ud);

@@ -211,6 +211,7 @@ static const rb_store_vtable mongo_vtable = {
     .topic_stats = mg_topic_stats,
     .pending_topics = mg_pending_topics,
     .bury = mg_bury,
+    .cancel = mg_cancel,
     .remove = mg_remove,
     .lease = mg_lease,
     .begin = mg_begin,

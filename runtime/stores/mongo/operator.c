@@ -7,7 +7,7 @@
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
 
-typedef struct topic_row { char *topic; int64_t n[4]; } topic_row;
+typedef struct topic_row { char *topic; int64_t n[RB_STATUS_COUNT]; } topic_row;
 
 typedef struct topics_job {
     mjob j;
@@ -44,7 +44,8 @@ static topic_row *row_for(topics_job *q, const char *topic)
 /* The rows as a rowset of topic and the counts of the first ncounts statuses. */
 static rb_rowset *to_rowset(topics_job *q, int ncounts)
 {
-    static const char *const names[] = {"topic", "pending", "processing", "completed", "buried"};
+    static const char *const names[] = {"topic", "pending", "processing", "completed", "buried",
+                                        "cancelled"};
     int ncols = 1 + ncounts;
     rb_rowset *rs = rb_calloc(1, sizeof *rs);
     if (!rs) return NULL;
@@ -113,7 +114,7 @@ static void topics_work(mjob *j, mongoc_client_t *c)
     else if (oom) mg_fail(j, "out of memory");
     else {
         if (q->nrows) qsort(q->rows, q->nrows, sizeof *q->rows, by_topic);   /* rows is NULL when none */
-        if (!(q->rs = to_rowset(q, q->scan_max ? 1 : 4))) mg_fail(j, "out of memory");
+        if (!(q->rs = to_rowset(q, q->scan_max ? 1 : RB_STATUS_COUNT))) mg_fail(j, "out of memory");
     }
     mongoc_cursor_destroy(cur);
     bson_destroy(pipe);

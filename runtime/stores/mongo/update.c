@@ -37,7 +37,8 @@ static bson_t *upd_leave(const bson_t *cur, const char *status, double now, doub
     BSON_APPEND_NULL(&set, "lease_token");
     BSON_APPEND_DOUBLE(&set, "lease_expires_at", lease_end);
     BSON_APPEND_INT64(&set, "v", mg_doc_int(cur, "v") + 1);
-    if (strcmp(status, "completed") == 0 || strcmp(status, "buried") == 0)
+    if (strcmp(status, "completed") == 0 || strcmp(status, "buried") == 0 ||
+        strcmp(status, "cancelled") == 0)
         BSON_APPEND_DOUBLE(&set, "settled_at", now);
     bson_append_document_end(u, &set);
     return u;
@@ -92,12 +93,12 @@ bson_t *mg_upd_bury(const bson_t *cur, const char *error, double now)
     return mg_upd_unset_dedupe(u);
 }
 
-/* The operator's bury: a running delivery's lease loses its token (the run's later writes are
- * refused) and keeps its expiry, which a kick makes it due no earlier than (admin.c); so does
- * a pending one that a kick left waiting for it. */
-bson_t *mg_upd_bury_running(const bson_t *cur, const char *error, double now)
+/* The operator's bury or cancel (status): a running delivery's lease loses its token (the
+ * run's later writes are refused) and keeps its expiry, which a kick makes it due no earlier
+ * than (admin.c); so does a pending one that a kick left waiting for it. */
+bson_t *mg_upd_end_live(const bson_t *cur, const char *status, const char *error, double now)
 {
-    bson_t *u = upd_leave(cur, "buried", now, mg_doc_num(cur, "lease_expires_at"));
+    bson_t *u = upd_leave(cur, status, now, mg_doc_num(cur, "lease_expires_at"));
     if (error) u = mg_upd_with(u, "last_error", error, 0, 0);
     return mg_upd_unset_dedupe(u);
 }

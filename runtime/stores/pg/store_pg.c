@@ -356,8 +356,9 @@ static void stats_done(pg_op *op, PGresult *res, const char *err)
         .processing = strtoll(PQgetvalue(res, 0, 1), NULL, 10),
         .completed = strtoll(PQgetvalue(res, 0, 2), NULL, 10),
         .buried = strtoll(PQgetvalue(res, 0, 3), NULL, 10),
-        .due = strtoll(PQgetvalue(res, 0, 4), NULL, 10),
-        .oldest_due_age = strtod(PQgetvalue(res, 0, 5), NULL),
+        .cancelled = strtoll(PQgetvalue(res, 0, 4), NULL, 10),
+        .due = strtoll(PQgetvalue(res, 0, 5), NULL, 10),
+        .oldest_due_age = strtod(PQgetvalue(res, 0, 6), NULL),
     };
     op->cb.stats(op->ud, NULL, &st);
     pg_op_free(op);
@@ -706,8 +707,9 @@ static void pg_purge(rb_store *bs, const char *status, double older_than, size_t
                      rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0)) {
-        cb(ud, "postgresql: purge deletes only completed or buried deliveries", 0);
+    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0 &&
+                    strcmp(status, "cancelled") != 0)) {
+        cb(ud, "postgresql: purge deletes only completed, buried or cancelled deliveries", 0);
         return;
     }
     pg_op *op = op_adhoc(s, s->sql_purge, 3, pg_count_done, ud);
@@ -750,6 +752,7 @@ static void store_free(pg_store *s)
     free(s->sql_list);
     free(s->sql_list_page);
     free(s->sql_bury_one);
+    free(s->sql_cancel_one);
     free(s->sql_delete_one);
     free(s->sql_topic_stats);
     free(s->sql_pending_topics);
@@ -807,6 +810,7 @@ static int build_sql(pg_store *s, const char *schema)
            (s->sql_kick = Q(rb_pg_sql_kick)) && (s->sql_purge = Q(rb_pg_sql_purge)) &&
            (s->sql_list_page = Q(rb_pg_sql_list_page)) &&
            (s->sql_bury_one = Q(rb_pg_sql_bury_one)) &&
+           (s->sql_cancel_one = Q(rb_pg_sql_cancel_one)) &&
            (s->sql_delete_one = Q(rb_pg_sql_delete_one)) &&
            (s->sql_topic_stats = Q(rb_pg_sql_topic_stats)) &&
            (s->sql_pending_topics = Q(rb_pg_sql_pending_topics)) &&
@@ -868,6 +872,32 @@ static void pg_bury(rb_store *bs, const char *id, const char *reason, rb_count_c
     one_op(s, s->sql_bury_one, id, reason, 2, cb, ud);
 }
 
+/* This process's dispatchers hear of the run it cancelled at once (the NOTIFY tells the
+ * others, and this one again: aborting an aborted run does nothing). */
+static void cancel_done(pg_op *op, PGresult *res, const char *err)
+{
+    if (!err && PQntuples(res) == 1 && !PQgetisnull(res, 0, 1))
+        rb_store_cancelled(&op->s->base, PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1));
+    if (err) op->cb.count(op->ud, err, 0);
+    else op->cb.count(op->ud, NULL, PQntuples(res));
+    pg_op_free(op);
+}
+
+static void pg_cancel(rb_store *bs, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    if (!valid_id(id)) { cb(ud, NULL, 0); return; }
+    pg_op *op = op_adhoc(s, s->sql_cancel_one, 3, cancel_done, ud);
+    if (!op || !pg_op_param(op, 0, id) || !pg_op_param(op, 1, reason) ||
+        !pg_op_param(op, 2, s->base.table)) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
 static void pg_remove(rb_store *bs, const char *id, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
@@ -908,6 +938,7 @@ static const rb_store_vtable pg_vtable = {
     .topic_stats = pg_topic_stats,
     .pending_topics = pg_pending_topics,
     .bury = pg_bury,
+    .cancel = pg_cancel,
     .remove = pg_remove,
     .purge = pg_purge,
     .lease = pg_lease,

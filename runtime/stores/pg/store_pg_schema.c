@@ -334,6 +334,24 @@ static const char *const migrations[] = {
         "  END IF;\n")
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
+    /* 10: the status cancelled. The CHECK that allows it replaces the one of four statuses;
+     * NOT VALID: every row meets the old one, so it meets this one, without a scan. (Dropping
+     * the old one takes the table's ACCESS EXCLUSIVE lock for a moment, once.) */
+    "DO $m$\n"
+    "DECLARE c record;\n"
+    "BEGIN\n"
+    "  FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = '\"@T\"'::regclass"
+    "   AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%'"
+    "   AND pg_get_constraintdef(oid) NOT LIKE '%cancelled%' LOOP\n"
+    "    EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', '\"@T\"'::regclass, c.conname);\n"
+    "  END LOOP;\n"
+    "  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '\"@T\"'::regclass"
+    "   AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%cancelled%') THEN\n"
+    "    ALTER TABLE \"@T\" ADD CHECK (status IN ('pending', 'processing', 'completed',"
+    " 'buried', 'cancelled')) NOT VALID;\n"
+    "  END IF;\n"
+    "END\n"
+    "$m$;\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -377,12 +395,23 @@ const char rb_pg_sql_bury_one[] =
     " lease_token = NULL"
     " WHERE id = $1::bigint AND status IN ('pending','processing')";
 const char rb_pg_sql_delete_one[] =
-    "DELETE FROM \"@T\" WHERE id = $1::bigint AND status IN ('completed','buried')";
+    "DELETE FROM \"@T\" WHERE id = $1::bigint AND status IN ('completed','buried','cancelled')";
+/* As bury_one, to cancelled; the run it took the lease of ($1 the id, tok its token) is told
+ * to every process by NOTIFY on $3 (the table's name: the dispatchers' channel). */
+const char rb_pg_sql_cancel_one[] =
+    "WITH old AS (SELECT id, status AS was, lease_token AS tok FROM \"@T\""
+    "  WHERE id = $1::bigint AND status IN ('pending','processing') FOR UPDATE),"
+    " upd AS (UPDATE \"@T\" AS d SET status = 'cancelled', settled_at = now(),"
+    "  last_error = $2::text, lease_token = NULL FROM old WHERE d.id = old.id"
+    "  RETURNING d.id, CASE WHEN old.was = 'processing' THEN old.tok END AS tok)"
+    " SELECT id::text, tok, CASE WHEN tok IS NOT NULL"
+    "  THEN pg_notify($3::text, 'cancel ' || id || ' ' || tok) END FROM upd";
 const char rb_pg_sql_topic_stats[] =
     "SELECT topic, count(*) FILTER (WHERE status = 'pending') AS pending,"
     " count(*) FILTER (WHERE status = 'processing') AS processing,"
     " count(*) FILTER (WHERE status = 'completed') AS completed,"
-    " count(*) FILTER (WHERE status = 'buried') AS buried"
+    " count(*) FILTER (WHERE status = 'buried') AS buried,"
+    " count(*) FILTER (WHERE status = 'cancelled') AS cancelled"
     " FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
 /* $1 the topic; a row only when the state changes. A resume wakes idle dispatchers ($2 the
  * channel, the table's name): the topic's deliveries may be due. */
@@ -400,6 +429,7 @@ const char rb_pg_sql_pending_topics[] =
 const char rb_pg_sql_stats[] =
     "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'processing'),"
     " count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'buried'),"
+    " count(*) FILTER (WHERE status = 'cancelled'),"
     " count(*) FILTER (WHERE " LIVE " AND " DUE " <= now()),"
     " coalesce(extract(epoch FROM now() - min(" DUE ") FILTER (WHERE " LIVE " AND " DUE " <= now()))"
     "  ::float8, 0) FROM \"@T\"";
@@ -412,10 +442,11 @@ const char rb_pg_sql_kick[] =
     " run_at = greatest(now(), coalesce(d.lease_expires_at, now())), settled_at = NULL,"
     " lease_token = NULL,"
     " lease_expires_at = CASE WHEN d.lease_expires_at > now() THEN d.lease_expires_at END"
-    " WHERE d.status = 'buried' AND ($1::bigint IS NULL OR d.id = $1::bigint) AND (d.key IS NULL OR ("
+    " WHERE (d.status = 'buried' OR ($1::bigint IS NOT NULL AND d.status = 'cancelled'))"
+    " AND ($1::bigint IS NULL OR d.id = $1::bigint) AND (d.key IS NULL OR ("
     "  NOT EXISTS (SELECT 1 FROM \"@T\" o WHERE o.topic = d.topic AND o.key = d.key AND o." LIVE ")"
     "  AND d.id = (SELECT max(b.id) FROM \"@T\" b WHERE b.topic = d.topic AND b.key = d.key"
-    "   AND b.status = 'buried')))";
+    "   AND b.status = d.status)))";
 /* The retention's purge also mends rows made processing by hand without a lease: no claim
  * sees them (their DUE is NULL), so they get a lease that is over now. DUE IS NULL is read
  * from the end of "@T_due", whatever the table's size. */

@@ -36,6 +36,8 @@
 typedef struct rb_sqlite rb_sqlite;
 typedef struct job job;
 typedef enum { JOB_DONE, JOB_BUSY } job_rc;
+/* T_ONE's kinds (job.which): an operator's act on one delivery */
+enum { ONE_DELETE, ONE_BURY, ONE_CANCEL };
 
 typedef struct job_type {
     job_rc (*run)(rb_sqlite *s, job *j);        /* the SQL work; never calls the callback */
@@ -634,6 +636,8 @@ static void list_sql(const job *j, char *sql, size_t cap)
         hint = " AND status IN ('pending','processing')";
     else if (j->status && (!strcmp(j->status, "completed") || !strcmp(j->status, "buried")))
         hint = " AND status IN ('completed','buried')";
+    else if (j->status && !strcmp(j->status, "cancelled"))
+        hint = " AND status = 'cancelled'";
     snprintf(sql, cap, "SELECT " COLS " FROM \"{t}\" WHERE 1%s%s%s%s ORDER BY id%s LIMIT ?3",
              hint, j->status ? " AND status = ?1" : "", j->topic ? " AND topic = ?2" : "",
              j->newest && j->after ? " AND id < ?4" : "", j->newest ? " DESC" : "");
@@ -675,8 +679,9 @@ static job_rc run_stats(rb_sqlite *s, job *j)
         j->st.processing = sqlite3_column_int64(st, 1);
         j->st.completed = sqlite3_column_int64(st, 2);
         j->st.buried = sqlite3_column_int64(st, 3);
-        j->st.due = sqlite3_column_int64(st, 4);
-        double oldest = sqlite3_column_double(st, 5);
+        j->st.cancelled = sqlite3_column_int64(st, 4);
+        j->st.due = sqlite3_column_int64(st, 5);
+        double oldest = sqlite3_column_double(st, 6);
         j->st.oldest_due_age = j->st.due && now > oldest ? now - oldest : 0;
     }
     sqlite3_reset(st);
@@ -708,20 +713,44 @@ static int add_row(rb_rowset *rs, sqlite3_stmt *st);
 static rb_rowset *new_rowset(sqlite3_stmt *st);
 
 /* Bury one (which 1) or delete one settled (which 0), by id. */
+/* The lease a cancel of delivery `id` takes away (its token into j->token; a pending one
+ * has none), read before the cancel in the same transaction. */
+static int cancelled_lease(rb_sqlite *s, job *j, sqlite3_int64 id)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_CANCEL_FIND, &st);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_int64(st, 2, id);
+    j->token = NULL;
+    rc = step(s, j, st);
+    if (rc == SQLITE_ROW && sqlite3_column_int(st, 0)) {
+        const char *t = (const char *)sqlite3_column_text(st, 1);
+        if (t && !(j->token = keep(j, t))) rc = SQLITE_NOMEM;
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
 static job_rc run_one(rb_sqlite *s, job *j)
 {
+    static const int stmt[] = {[ONE_DELETE] = ST_DELETE_ONE, [ONE_BURY] = ST_BURY_ONE,
+                               [ONE_CANCEL] = ST_CANCEL_ONE};
+    RB_ASSERT(j->which >= ONE_DELETE && j->which <= ONE_CANCEL);
     sqlite3_int64 id = 0;
     j->count = 0;
     if (!parse_id(j->id, &id)) return JOB_DONE;
+    int rc = scope_begin(s, j);
+    if (rc == SQLITE_OK && j->which == ONE_CANCEL) rc = cancelled_lease(s, j, id);
     sqlite3_stmt *st;
-    int rc = prep(s, j, j->which ? ST_BURY_ONE : ST_DELETE_ONE, &st);
-    if (rc == SQLITE_OK) {
+    if (rc == SQLITE_OK && (rc = prep(s, j, stmt[j->which], &st)) == SQLITE_OK) {
         sqlite3_bind_double(st, 1, rb_wall_time());
         sqlite3_bind_int64(st, 2, id);
         bind_text(st, 3, j->name);
         rc = run_to_done(s, j, st);
     }
     if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    rc = scope_end(s, j, rc);
     return conclude(j, rc, 1);
 }
 
@@ -769,13 +798,14 @@ static job_rc run_pause(rb_sqlite *s, job *j)
 static job_rc run_purge(rb_sqlite *s, job *j)
 {
     j->count = 0;
-    if (!j->status || (strcmp(j->status, "completed") && strcmp(j->status, "buried"))) {
-        set_err(j, "sqlite: purge takes status completed or buried, not '%s'",
+    if (!j->status || (strcmp(j->status, "completed") && strcmp(j->status, "buried") &&
+                       strcmp(j->status, "cancelled"))) {
+        set_err(j, "sqlite: purge takes status completed, buried or cancelled, not '%s'",
                 j->status ? j->status : "(none)");
         return JOB_DONE;
     }
     sqlite3_stmt *st;
-    int rc = prep(s, j, ST_PURGE, &st);
+    int rc = prep(s, j, strcmp(j->status, "cancelled") ? ST_PURGE : ST_PURGE_CANCELLED, &st);
     if (rc == SQLITE_OK) {
         bind_text(st, 1, j->status);
         sqlite3_bind_double(st, 2, rb_wall_time() - sane_secs(j->num));
@@ -1213,7 +1243,15 @@ static const job_type T_LIST = {run_list, report_records};
 static const job_type T_STATS = {run_stats, report_stats};
 static const job_type T_KICK = {run_kick, report_count};
 static const job_type T_PURGE = {run_purge, report_count};
-static const job_type T_ONE = {run_one, report_count};
+/* A cancel that took a run's lease tells this process's dispatchers before its caller. */
+static void report_one(job *j, const char *err)
+{
+    if (!err && j->which == ONE_CANCEL && j->count && j->token)
+        rb_store_cancelled(&j->s->base, j->id, j->token);
+    report_count(j, err);
+}
+
+static const job_type T_ONE = {run_one, report_one};
 static const job_type T_TOPIC_STATS = {run_topic_stats, report_rows};
 static const job_type T_PENDING_TOPICS = {run_pending_topics, report_rows};
 static const job_type T_PAUSE = {run_pause, report_count};
@@ -1582,14 +1620,14 @@ static void sq_paused(rb_store *base, rb_rows_cb cb, void *ud)
     submit_rows(base, &T_PAUSED, cb, ud);
 }
 
-static void one_op(rb_store *base, int bury, const char *id, const char *reason,
+static void one_op(rb_store *base, int which, const char *id, const char *reason,
                    rb_count_cb cb, void *ud)
 {
     rb_sqlite *s = (rb_sqlite *)base;
     job *j = new_job(s, NULL, &T_ONE, ud);
     if (!j) { cb(ud, OOM, 0); return; }
     j->cb.count = cb;
-    j->which = bury;
+    j->which = which;
     j->id = keep(j, id);
     j->name = keep(j, reason);
     submit(s, j);
@@ -1597,12 +1635,17 @@ static void one_op(rb_store *base, int bury, const char *id, const char *reason,
 
 static void sq_bury(rb_store *base, const char *id, const char *reason, rb_count_cb cb, void *ud)
 {
-    one_op(base, 1, id, reason, cb, ud);
+    one_op(base, ONE_BURY, id, reason, cb, ud);
+}
+
+static void sq_cancel(rb_store *base, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    one_op(base, ONE_CANCEL, id, reason, cb, ud);
 }
 
 static void sq_remove(rb_store *base, const char *id, rb_count_cb cb, void *ud)
 {
-    one_op(base, 0, id, NULL, cb, ud);
+    one_op(base, ONE_DELETE, id, NULL, cb, ud);
 }
 
 static void sq_lease(rb_store *base, rb_lease_op kind, const char *name, const char *token,
@@ -1784,6 +1827,7 @@ static const rb_store_vtable sqlite_vt = {
     .topic_stats = sq_topic_stats,
     .pending_topics = sq_pending_topics,
     .bury = sq_bury,
+    .cancel = sq_cancel,
     .remove = sq_remove,
     .lease = sq_lease,
     .begin = sq_begin,

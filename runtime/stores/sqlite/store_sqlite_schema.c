@@ -14,7 +14,7 @@
 #include "util/alloc.h"
 #include "util/text.h"
 
-#define SCHEMA_VERSION  3
+#define SCHEMA_VERSION  4
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
 
 /* --- schema ----------------------------------------------------------------------------- */
@@ -57,11 +57,17 @@ static const char *const migrations[SCHEMA_VERSION] = {
     /* 3: what operators set per topic, for every process on the file: a pause */
     "CREATE TABLE IF NOT EXISTS \"{t}_topics\" ("
     " topic TEXT PRIMARY KEY, paused_at REAL);",
+    /* 4: the status cancelled (its CHECK: see current_check), purged through its own index */
+    "CREATE INDEX IF NOT EXISTS \"{t}_cancelled\" ON \"{t}\" (settled_at)"
+    " WHERE status = 'cancelled';",
 };
 
-/* The status CHECK as migration 1 wrote it, and as it is rewritten (see fast_check). */
+/* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
+ * rewritten now (see current_check). */
 #define SLOW_CHECK "CHECK (status IN ('pending','processing','completed','buried'))"
 #define FAST_CHECK "CHECK (status IN ('pending','processing') OR status IN ('completed','buried'))"
+#define CURRENT_CHECK "CHECK (status IN ('pending','processing') OR status IN ('completed','buried')" \
+    " OR status = 'cancelled')"
 
 
 /* A kick (?1 the wall clock, ?3 the boot id, ?4 the boot clock): due now, or, when an operator
@@ -109,10 +115,11 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         "   AND status = 'completed'),"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
         "   AND status = 'buried'),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status = 'cancelled'),"
         " count(*), min(run_at) FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND run_at <= ?1 AND " NO_LIVE_LEASE("?2", "?3", "?1"),
     [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0," KICK_SET
-        " WHERE id = ?2 AND status = 'buried'",
+        " WHERE id = ?2 AND (status = 'buried' OR status = 'cancelled')",
     [ST_KICK_BURIED] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0," KICK_SET
         " WHERE status IN ('completed','buried') AND status = 'buried'",
     [ST_PURGE] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
@@ -122,10 +129,12 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
      * makes the delivery due no earlier (KICK_SET). */
     [ST_BURY_ONE] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1, last_error = ?3,"
         " lease_token = NULL WHERE id = ?2 AND status IN ('pending','processing')",
-    [ST_DELETE_ONE] = "DELETE FROM \"{t}\" WHERE id = ?2 AND status IN ('completed','buried')",
+    [ST_DELETE_ONE] = "DELETE FROM \"{t}\" WHERE id = ?2"
+        " AND (status IN ('completed','buried') OR status = 'cancelled')",
     [ST_TOPIC_STATS] = "SELECT topic, sum(status = 'pending') AS pending,"
         " sum(status = 'processing') AS processing, sum(status = 'completed') AS completed,"
-        " sum(status = 'buried') AS buried FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
+        " sum(status = 'buried') AS buried, sum(status = 'cancelled') AS cancelled"
+        " FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
     /* the earliest due pending deliveries, at most ?2, through "{t}_due" (its own WHERE term
      * repeated: SQLite uses a partial index only for a query that states its condition) */
     [ST_PENDING_TOPICS] = "SELECT topic, count(*) AS pending FROM (SELECT topic FROM \"{t}\""
@@ -147,6 +156,14 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " WHERE topic = ?1 AND paused_at IS NOT NULL",
     [ST_PAUSED] = "SELECT topic, paused_at FROM \"{t}_topics\" WHERE paused_at IS NOT NULL"
         " ORDER BY topic LIMIT ?1",
+    /* a cancel (?1 the wall clock, ?2 the id, ?3 the reason): the lease it takes, read first
+     * in the same write transaction; then as ST_BURY_ONE */
+    [ST_CANCEL_FIND] = "SELECT status = 'processing', lease_token FROM \"{t}\""
+        " WHERE id = ?2 AND status IN ('pending','processing')",
+    [ST_CANCEL_ONE] = "UPDATE \"{t}\" SET status = 'cancelled', settled_at = ?1, last_error = ?3,"
+        " lease_token = NULL WHERE id = ?2 AND status IN ('pending','processing')",
+    [ST_PURGE_CANCELLED] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
+        " WHERE status = 'cancelled' AND settled_at < ?2 ORDER BY settled_at LIMIT ?3)",
 };
 
 char *rb_sqlite_expand(const char *tmpl, const char *table)
@@ -205,54 +222,59 @@ static int record_version(sqlite3 *db, const char *table)
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-/* 1 when the table's definition still has SLOW_CHECK (0 when not, or when it cannot tell). */
-static int has_slow_check(sqlite3 *db, const char *table)
+/* 1 when the table's definition lacks CURRENT_CHECK (0 when it has it, or cannot tell). */
+static int has_old_check(sqlite3 *db, const char *table)
 {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, "SELECT instr(sql, ?2) > 0 FROM sqlite_master"
+    if (sqlite3_prepare_v2(db, "SELECT instr(sql, ?2) = 0 FROM sqlite_master"
                            " WHERE type = 'table' AND name = ?1", -1, &st, NULL) != SQLITE_OK)
         return 0;
     sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, SLOW_CHECK, -1, SQLITE_STATIC);
-    int slow = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0);
+    sqlite3_bind_text(st, 2, CURRENT_CHECK, -1, SQLITE_STATIC);
+    int old = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
-    return slow;
+    return old;
 }
 
-/* Inside migrate's transaction: the status CHECK becomes two lists of two. SQLite tests a
- * value against a list of more than two constants by building a temporary b-tree every time a
- * statement runs: two zeroed pages and a dozen allocations in every claim, settle and
- * enqueue, half the work of a drain. Two lists of two are plain comparisons and allow the
- * same four statuses, so this is no schema version: relaybus of any version goes on using the
- * file. SQLite changes no CHECK in place; its documented way for a constraint that every row
- * already meets is to rewrite the table's definition in sqlite_master (writable_schema), then
- * move the schema cookie on, so that every connection reads the definition anew. Where SQLite
- * refuses (a build in defensive mode), the table keeps the list of four: only its speed
- * differs. */
-static void fast_check(sqlite3 *db, const char *table)
+/* Inside migrate's transaction: the status CHECK becomes CURRENT_CHECK, which also allows
+ * cancelled. Its form is for speed: SQLite tests a value against a list of more than two
+ * constants by building a temporary b-tree every time a statement runs (two zeroed pages and
+ * a dozen allocations in every claim, settle and enqueue, half the work of a drain); lists of
+ * two and an equality are plain comparisons. SQLite changes no CHECK in place; its documented
+ * way for a constraint that every row already meets (this one only allows more) is to rewrite
+ * the table's definition in sqlite_master (writable_schema), then move the schema cookie on,
+ * so that every connection reads the definition anew. A build in defensive mode refuses that
+ * unless the connection turns defensive off, which it does for this statement. */
+static int current_check(sqlite3 *db, const char *table)
 {
     sqlite3_stmt *st;
-    int cookie = -1, changed = 0;
+    int cookie = -1, changed = 0, defensive = 0;
     if (sqlite3_prepare_v2(db, "PRAGMA schema_version", -1, &st, NULL) == SQLITE_OK) {
         if (sqlite3_step(st) == SQLITE_ROW) cookie = sqlite3_column_int(st, 0);
         sqlite3_finalize(st);
     }
-    if (cookie < 0 || sqlite3_exec(db, "PRAGMA writable_schema = ON", NULL, NULL, NULL) != SQLITE_OK)
-        return;
-    if (sqlite3_prepare_v2(db, "UPDATE sqlite_master SET sql = replace(sql, ?2, ?3)"
-                           " WHERE type = 'table' AND name = ?1", -1, &st, NULL) == SQLITE_OK) {
-        sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, SLOW_CHECK, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 3, FAST_CHECK, -1, SQLITE_STATIC);
-        changed = sqlite3_step(st) == SQLITE_DONE && sqlite3_changes(db) > 0;
-        sqlite3_finalize(st);
+    sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, -1, &defensive);
+    if (defensive) sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 0, NULL);
+    if (cookie >= 0 && sqlite3_exec(db, "PRAGMA writable_schema = ON", NULL, NULL, NULL) == SQLITE_OK) {
+        if (sqlite3_prepare_v2(db, "UPDATE sqlite_master SET sql = replace(replace(sql, ?2, ?4),"
+                               " ?3, ?4) WHERE type = 'table' AND name = ?1", -1, &st,
+                               NULL) == SQLITE_OK) {
+            sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 2, SLOW_CHECK, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 3, FAST_CHECK, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 4, CURRENT_CHECK, -1, SQLITE_STATIC);
+            changed = sqlite3_step(st) == SQLITE_DONE && sqlite3_changes(db) > 0;
+            sqlite3_finalize(st);
+        }
+        if (changed) {
+            char sql[48];
+            snprintf(sql, sizeof sql, "PRAGMA schema_version = %d", cookie + 1);
+            sqlite3_exec(db, sql, NULL, NULL, NULL);
+        }
+        sqlite3_exec(db, "PRAGMA writable_schema = OFF", NULL, NULL, NULL);
     }
-    if (changed) {
-        char sql[48];
-        snprintf(sql, sizeof sql, "PRAGMA schema_version = %d", cookie + 1);
-        sqlite3_exec(db, sql, NULL, NULL, NULL);
-    }
-    sqlite3_exec(db, "PRAGMA writable_schema = OFF", NULL, NULL, NULL);
+    if (defensive) sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, NULL);
+    return has_old_check(db, table) ? SQLITE_ERROR : SQLITE_OK;
 }
 
 /* Whether the deliveries table is missing, though relaybus_schema may still hold its row: a
@@ -273,7 +295,7 @@ static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
 {
     /* Current already (the usual case): a read says so, and no write lock is taken -- a
      * worker restarting beside a busy one must not queue for the single writer. */
-    if (schema_version(db, table) == SCHEMA_VERSION && !has_slow_check(db, table) &&
+    if (schema_version(db, table) == SCHEMA_VERSION && !has_old_check(db, table) &&
         !table_missing(db, table)) return 0;
     int rc = sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS relaybus_schema ("
                           " name TEXT PRIMARY KEY, version INTEGER NOT NULL)", NULL, NULL, NULL);
@@ -289,7 +311,13 @@ static int migrate(sqlite3 *db, const char *table, char *err, size_t errlen)
     for (int i = v; rc == SQLITE_OK && i < SCHEMA_VERSION; i++)
         rc = exec_template(db, migrations[i], table);
     if (rc == SQLITE_OK && v < SCHEMA_VERSION) rc = record_version(db, table);
-    if (rc == SQLITE_OK && has_slow_check(db, table)) fast_check(db, table);
+    int check = rc == SQLITE_OK && has_old_check(db, table) ? current_check(db, table) : SQLITE_OK;
+    if (check != SQLITE_OK) {
+        snprintf(err, errlen, "sqlite: cannot allow the status cancelled in the CHECK of '%s' "
+                 "(this SQLite refuses to rewrite a table's definition)", table);
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
     if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
         snprintf(err, errlen, "sqlite: cannot create the schema of '%s': %s", table,
