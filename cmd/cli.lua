@@ -234,7 +234,8 @@ Commands:
   enqueue TOPIC [JSON]   add a delivery and print its id
   stats                  counts of deliveries by status
   list                   list deliveries, oldest first
-  kick ID | --buried     put buried deliveries back to pending
+  kick ID | --buried     put buried (or a cancelled) deliveries back to pending
+  cancel ID              cancel a pending or running delivery
   purge                  delete settled deliveries
   pause TOPIC            no process starts a delivery of TOPIC until resumed
   resume TOPIC           let TOPIC's deliveries start again
@@ -247,7 +248,7 @@ Every command takes:
 ]] .. STORE_HELP .. [[
 
 
-stats, list, kick, purge, pause, resume and paused never create a schema: on a store
+stats, list, kick, cancel, purge, pause, resume and paused never create a schema: on a store
 without one they fail (run `relaybus migrate` first); enqueue and migrate create it. An
 option may be given once.
 
@@ -305,7 +306,7 @@ Lists deliveries, oldest first. Control characters in what the store holds are s
 escapes (\x1b); --json keeps them in valid JSON.
 
 Options:
-  --status S        only pending, processing, completed or buried deliveries
+  --status S        only pending, processing, completed, buried or cancelled deliveries
   --topic T         only deliveries of topic T
   --limit N         at most N deliveries (default 100)
   --json            print a JSON array of delivery records instead of a table
@@ -315,22 +316,35 @@ HELP.kick = [[
 Usage: relaybus kick ID
        relaybus kick --buried
 
-Puts the buried delivery ID, or every buried delivery, back to pending with its attempts
-reset, and prints how many were requeued. Kicking an ID that is not buried fails (exit 1).
+Puts the buried or cancelled delivery ID, or every buried delivery, back to pending with its
+attempts reset, and prints how many were requeued. Kicking an ID that is neither buried nor
+cancelled fails (exit 1).
 
 Options:
   --buried          every buried delivery
 ]] .. STORE_HELP
 
-HELP.purge = [[
-Usage: relaybus purge --completed|--buried --older-than S
+HELP.cancel = [[
+Usage: relaybus cancel ID
 
-Deletes completed (or buried, or both) deliveries settled more than S seconds ago and
-prints how many were deleted.
+Cancels the pending or running delivery ID for good: it becomes cancelled and never runs
+(unless kicked). A running handler sees ctx.signal.reason "cancelled" (on PostgreSQL at
+once, in any process; elsewhere at its next lease renewal) and nothing it writes afterwards
+is applied. Prints "cancelled ID"; an ID that is not pending or processing fails (exit 1).
+
+Options:
+]] .. STORE_HELP
+
+HELP.purge = [[
+Usage: relaybus purge --completed|--buried|--cancelled --older-than S
+
+Deletes completed, buried or cancelled deliveries (any of them) settled more than S seconds
+ago and prints how many were deleted.
 
 Options:
   --completed       delete completed deliveries
   --buried          delete buried deliveries
+  --cancelled       delete cancelled deliveries
   --older-than S    only those older than S seconds (required; 0 for all)
 ]] .. STORE_HELP
 
@@ -384,7 +398,9 @@ local SPECS = {
   stats = { options = { json = "flag", topics = "flag" } },
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag" } },
   kick = { options = { buried = "flag" } },
-  purge = { options = { completed = "flag", buried = "flag", ["older-than"] = "seconds" } },
+  cancel = { options = {} },
+  purge = { options = { completed = "flag", buried = "flag", cancelled = "flag",
+                        ["older-than"] = "seconds" } },
   pause = { options = {} },
   resume = { options = {} },
   paused = { options = { json = "flag" } },
@@ -481,7 +497,7 @@ local function max_args(cmd, pos, n)
   if #pos > n then usage("%s: unexpected argument '%s'", cmd, show_arg(pos[n + 1])) end
 end
 
-local STATUSES = { pending = true, processing = true, completed = true, buried = true }
+local STATUSES = { pending = true, processing = true, completed = true, buried = true, cancelled = true }
 
 HELP.dashboard = [[
 Usage: relaybus dashboard [--listen HOST:PORT] [--token T] [STORE-URL]
@@ -529,7 +545,7 @@ function CHECKS.list(c, pos)
   max_args("list", pos, 0)
   local st = c.opts.status
   if st and not STATUSES[st] then
-    usage("list: --status must be pending, processing, completed or buried, got '%s'", show_arg(st))
+    usage("list: --status must be pending, processing, completed, buried or cancelled, got '%s'", show_arg(st))
   end
 end
 
@@ -541,10 +557,17 @@ function CHECKS.kick(c, pos)
   if c.id == "" then usage("kick: ID must not be empty") end
 end
 
+function CHECKS.cancel(c, pos)
+  max_args("cancel", pos, 1)
+  c.id = pos[1]
+  if not c.id then usage("cancel: missing ID (see relaybus cancel --help)") end
+  if c.id == "" then usage("cancel: ID must not be empty") end
+end
+
 function CHECKS.purge(c, pos)
   max_args("purge", pos, 0)
-  if not c.opts.completed and not c.opts.buried then
-    usage("purge: say what to delete: --completed and/or --buried (see relaybus purge --help)")
+  if not c.opts.completed and not c.opts.buried and not c.opts.cancelled then
+    usage("purge: say what to delete: --completed, --buried and/or --cancelled (see relaybus purge --help)")
   end
   if c.opts["older-than"] == nil then usage("purge: missing --older-than S (0 for all)") end
 end
@@ -747,7 +770,7 @@ function commands.enqueue(c)
   return EXIT_OK
 end
 
-local STAT_KEYS = { "pending", "processing", "completed", "buried", "due", "oldest_due_age" }
+local STAT_KEYS = { "pending", "processing", "completed", "buried", "cancelled", "due", "oldest_due_age" }
 
 function commands.stats(c)
   local store = open_store(c, false)
@@ -759,10 +782,10 @@ function commands.stats(c)
       local out = {}
       for _, t in ipairs(rows) do
         out[#out + 1] = { show(t.topic, 40), fmt_int(t.pending), fmt_int(t.processing),
-                          fmt_int(t.completed), fmt_int(t.buried) }
+                          fmt_int(t.completed), fmt_int(t.buried), fmt_int(t.cancelled) }
       end
-      print_table({ "TOPIC", "PENDING", "PROCESSING", "COMPLETED", "BURIED" }, out,
-                  { "l", "r", "r", "r", "r" })
+      print_table({ "TOPIC", "PENDING", "PROCESSING", "COMPLETED", "BURIED", "CANCELLED" }, out,
+                  { "l", "r", "r", "r", "r", "r" })
       if #out == 0 then io.stderr:write("(no deliveries)\n") end
     end
     store:close()
@@ -836,7 +859,7 @@ function commands.kick(c)
     n = call(c, store, "kick", c.id)
     if n == 0 then
       store:close()
-      runtime("kick: delivery %s is not buried or does not exist", show_arg(c.id))
+      runtime("kick: delivery %s is not buried or cancelled, or does not exist", show_arg(c.id))
     end
   end
   io.stdout:write(fmt_int(n), "\n")
@@ -847,13 +870,24 @@ end
 function commands.purge(c)
   local store = open_store(c, false)
   local total = 0
-  for _, status in ipairs { "completed", "buried" } do
+  for _, status in ipairs { "completed", "buried", "cancelled" } do
     if c.opts[status] then
       total = total + call(c, store, "purge", { status = status, older_than = c.opts["older-than"] })
     end
   end
   io.stdout:write(fmt_int(total), "\n")
   store:close()
+  return EXIT_OK
+end
+
+function commands.cancel(c)
+  local store = open_store(c, false)
+  local cancelled = call(c, store, "cancel", c.id)
+  store:close()
+  if not cancelled then
+    runtime("cancel: delivery %s is not pending or processing, or does not exist", show_arg(c.id))
+  end
+  io.stdout:write("cancelled ", show(c.id, 80), "\n")
   return EXIT_OK
 end
 

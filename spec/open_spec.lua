@@ -456,7 +456,7 @@ print("OPENED")
           local path = S.tmpfile("race") .. ".db"
           local items = {}
           for i = 1, 600 do items[i] = { "t", { n = i } } end
-          file_with_old_check(path, items)
+          file_with_old_check(path, items, OLD_CHECKS[1])
           local script = S.tmpfile("race") .. ".lua"
           S.write(script, [[
 local relaybus = require "relaybus"

@@ -273,9 +273,10 @@ void rb_metrics_write_store(rb_buf *b, const rb_stats *st)
                      "relaybus_deliveries{status=\"pending\"} %lld\n"
                      "relaybus_deliveries{status=\"processing\"} %lld\n"
                      "relaybus_deliveries{status=\"completed\"} %lld\n"
-                     "relaybus_deliveries{status=\"buried\"} %lld\n",
+                     "relaybus_deliveries{status=\"buried\"} %lld\n"
+                     "relaybus_deliveries{status=\"cancelled\"} %lld\n",
                   (long long)st->pending, (long long)st->processing, (long long)st->completed,
-                  (long long)st->buried);
+                  (long long)st->buried, (long long)st->cancelled);
     rb_buf_printf(b, "# HELP relaybus_due_deliveries Deliveries due now (pending, or with an"
                      " expired lease).\n# TYPE relaybus_due_deliveries gauge\n"
                      "relaybus_due_deliveries %lld\n", (long long)st->due);

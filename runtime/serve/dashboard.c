@@ -43,6 +43,7 @@
 #define MAX_ID 64
 #define DEFAULT_LIMIT 50
 #define BURY_REASON "buried from the dashboard"
+#define CANCEL_REASON "cancelled from the dashboard"
 /* Per-topic counts scan the whole table (SQLite runs that on the loop thread): at most once
  * per this many seconds unless an action changed them. */
 #define TOPICS_CACHE 10.0
@@ -353,11 +354,12 @@ static json_t *topics_json(const rb_rowset *rs)
     if (!rs || !a) return a;
     for (size_t i = 0; i < rs->nrows; i++) {
         const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
-        if (rs->ncols < 5) break;
+        if (rs->ncols < 6) break;
         json_t *o = json_object();
         json_object_set_new(o, "topic", v[0].type == RB_VTEXT ? jtext(v[0].s) : json_null());
-        static const char *const names[] = {"pending", "processing", "completed", "buried"};
-        for (int c = 1; c < 5; c++) {
+        static const char *const names[] = {"pending", "processing", "completed", "buried",
+                                            "cancelled"};
+        for (int c = 1; c < 6; c++) {
             int64_t n = v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT ? (int64_t)v[c].f
                       : v[c].type == RB_VTEXT ? strtoll(v[c].s, NULL, 10) : 0;
             json_object_set_new(o, names[c - 1], json_integer(n));
@@ -379,10 +381,10 @@ static void answer_snapshot(req *r)
         r->phase = R_READY;
         return;
     }
-    json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I},s:I,s:f,s:o,s:f,s:b}",
+    json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:I,s:f,s:o,s:f,s:b}",
         "deliveries", "pending", (json_int_t)d->st.pending, "processing",
         (json_int_t)d->st.processing, "completed", (json_int_t)d->st.completed, "buried",
-        (json_int_t)d->st.buried, "due", (json_int_t)d->st.due, "oldest_due_age",
+        (json_int_t)d->st.buried, "cancelled", (json_int_t)d->st.cancelled, "due", (json_int_t)d->st.due, "oldest_due_age",
         d->st.oldest_due_age, "topics", topics_json(d->topics), "time", rb_wall_time(),
         "read_only", d->token == NULL);
     if (o) {
@@ -541,10 +543,10 @@ static void on_count(req *r, const char *err, int64_t count, const char *none)
     req_done(r);
 }
 
-static void on_kick_one(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not buried (or no such delivery)"); }
+static void on_kick_one(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not buried or cancelled (or no such delivery)"); }
 static void on_kick_all(void *ud, const char *err, int64_t n) { on_count(ud, err, n, NULL); }
 static void on_bury(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not pending or processing (or no such delivery)"); }
-static void on_remove(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not completed or buried (or no such delivery)"); }
+static void on_remove(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not completed, buried or cancelled (or no such delivery)"); }
 
 /* ---- routing ---------------------------------------------------------------------------- */
 static const char *arg(req *r, const char *name)
@@ -669,14 +671,19 @@ static void route(req *r, const char *method, const char *url)
         return;
     }
     int kick = !strcmp(action, "kick"), bury = !strcmp(action, "bury");
-    if (!kick && !bury) { respond_error(r, 404, "not found"); return; }
+    int cancel = !strcmp(action, "cancel");
+    if (!kick && !bury && !cancel) { respond_error(r, 404, "not found"); return; }
     if (!post) { r->allow = "POST"; respond_error(r, 405, "method not allowed"); return; }
     if (!allowed(r)) return;
-    if (bury && !d->store->vt->bury) { not_supported(r); return; }
+    if ((bury && !d->store->vt->bury) || (cancel && !d->store->vt->cancel)) {
+        not_supported(r);
+        return;
+    }
     if (!op_start(r)) return;
-    rb_log(RB_LOG_INFO, "dashboard: %s delivery %s", kick ? "kick" : "bury", id);
+    rb_log(RB_LOG_INFO, "dashboard: %s delivery %s", action, id);
     if (kick) d->store->vt->kick(d->store, RB_KICK_ONE, id, on_kick_one, r);
-    else d->store->vt->bury(d->store, id, BURY_REASON, on_bury, r);
+    else if (bury) d->store->vt->bury(d->store, id, BURY_REASON, on_bury, r);
+    else d->store->vt->cancel(d->store, id, CANCEL_REASON, on_bury, r);
 }
 
 /* On a loopback address only a Host that names it: a page of another site that resolves its

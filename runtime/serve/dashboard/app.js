@@ -49,6 +49,7 @@
     $('n-processing').textContent = fmtInt(d.processing);
     $('n-completed').textContent = fmtInt(d.completed);
     $('n-buried').textContent = fmtInt(d.buried);
+    $('n-cancelled').textContent = fmtInt(d.cancelled);
     $('n-due').textContent = fmtInt(s.due);
     $('n-oldest').textContent = fmtAge(s.oldest_due_age);
     $('updated').textContent = 'updated ' + fmtTime(s.time) + (s.read_only ? ' · read-only' : '');
@@ -57,7 +58,7 @@
     (s.topics || []).forEach(function (t) {
       var tr = el('tr');
       tr.appendChild(el('td', t.topic));
-      ['pending', 'processing', 'completed', 'buried'].forEach(function (k) {
+      ['pending', 'processing', 'completed', 'buried', 'cancelled'].forEach(function (k) {
         tr.appendChild(el('td', fmtInt(t[k]), 'status-' + k));
       });
       tb.appendChild(tr);
@@ -190,9 +191,12 @@
         dl.appendChild(dd);
       });
       $('detail-payload').textContent = pretty(d.payload);
-      $('btn-kick').disabled = d.status !== 'buried';
-      $('btn-bury').disabled = !(d.status === 'pending' || d.status === 'processing');
-      $('btn-delete').disabled = !(d.status === 'completed' || d.status === 'buried');
+      var live = d.status === 'pending' || d.status === 'processing';
+      $('btn-kick').disabled = !(d.status === 'buried' || d.status === 'cancelled');
+      $('btn-bury').disabled = !live;
+      $('btn-cancel').disabled = !live;
+      $('btn-delete').disabled = !(d.status === 'completed' || d.status === 'buried' ||
+                                   d.status === 'cancelled');
     });
   }
 
@@ -213,6 +217,7 @@
   function selPath(suffix) { return '/api/deliveries/' + encodeURIComponent(state.selected) + suffix; }
   $('btn-kick').addEventListener('click', function () { act('POST', selPath('/kick'), 'kick'); });
   $('btn-bury').addEventListener('click', function () { act('POST', selPath('/bury'), 'bury'); });
+  $('btn-cancel').addEventListener('click', function () { act('POST', selPath('/cancel'), 'cancel'); });
   $('btn-delete').addEventListener('click', function () {
     act('DELETE', selPath(''), 'delete').then(function (done) {
       if (done) { $('detail').hidden = true; state.selected = null; }
