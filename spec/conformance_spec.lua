@@ -1167,6 +1167,119 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("cancel", function()
+      -- cancel answers true or false, or nil and an error
+      local function answer(v, err) assert.is_nil(err) return v end
+
+      it("a pending delivery becomes cancelled and never runs; cancel says whether it cancelled", function()
+        local id = assert(store:enqueue("cn.pending", { n = 1 }))
+        local other = assert(store:enqueue("cn.pending", { n = 2 }))
+        assert.is_true(answer(store:cancel(id)))
+        assert.is_false(answer(store:cancel(id)))
+        expect(store, id, { status = "cancelled", attempts = 0, last_error = "cancelled" })
+        local st = assert(store:stats())
+        assert.equal(1, st.cancelled)
+        assert.equal(1, st.pending)
+        local listed = assert(store:list { status = "cancelled" })
+        assert.equal(1, #listed)
+        assert.equal(id, listed[1].id)
+        local ran = {}
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("cn.pending", function(del) ran[#ran + 1] = del.id; stop() end)
+        assert.is_true((H.run(d, 10)))
+        assert.same({ other }, ran)
+        assert.is_false(answer(store:cancel(other)))      -- completed: nothing to cancel
+        expect(store, other, { status = "completed" })
+      end)
+
+      it("unknown and hostile ids answer false and change nothing; a non-id is misuse", function()
+        local id = assert(store:enqueue("cn.hostile", 1))
+        for _, bad in ipairs { "", "0", "-1", "1e3", "99999999999999999999999", id .. "\0",
+                               "000000000000000000000000", "' OR 1=1 --", string.rep("9", 10000),
+                               "\xff\xfe", 42 } do
+          assert.is_false(answer(store:cancel(bad)), "cancel of " .. tostring(bad):sub(1, 40))
+        end
+        for _, bad in ipairs { {}, true, function() end } do
+          H.raises_relaybus(function() store:cancel(bad) end)
+        end
+        H.raises_relaybus(function() store:cancel() end)
+        expect(store, id, { status = "pending" })
+        assert.equal(0, assert(store:stats()).cancelled)
+      end)
+
+      it("a running handler sees ctx.signal.reason cancelled at once, and nothing it settles after is written", function()
+        local id = assert(store:enqueue("cn.run", 1))
+        local got, after, lease_before = nil, nil, nil
+        local d = H.dispatcher(store, { lease_duration = 5 })
+        local stop = H.stopper(d)
+        d:handle("cn.run", function(_, ctx)
+          lease_before = store:get(id).status
+          local t0 = relaybus.now()
+          relaybus.spawn(function() assert.is_true(answer(store:cancel(id))) end)
+          local ok, why = ctx:sleep(5)
+          got = { ok = ok, why = why, reason = ctx.signal.reason, took = relaybus.now() - t0 }
+          after = table.pack(ctx:complete())
+          stop()
+        end)
+        assert.is_true((H.run(d, 10)))
+        assert.equal("processing", lease_before)
+        assert.is_nil(got.ok)
+        assert.equal("aborted", got.why)
+        assert.equal("cancelled", got.reason)
+        assert.is_true(got.took < 1, "the abort took " .. got.took .. " s")
+        assert.is_nil(after[1])
+        expect(store, id, { status = "cancelled", attempts = 1 })
+      end)
+
+      it("a cancel through another connection reaches the running handler: at once on PostgreSQL, by its next renewal elsewhere", function()
+        local other = assert(relaybus.open(url, opts))
+        local id = assert(store:enqueue("cn.remote", 1))
+        local lease = 1.5
+        local got
+        local d = H.dispatcher(store, { lease_duration = lease })
+        local stop = H.stopper(d)
+        d:handle("cn.remote", function(_, ctx)
+          local t0 = relaybus.now()
+          relaybus.spawn(function() assert.is_true(answer(other:cancel(id))) end)
+          ctx:sleep(10)
+          got = { reason = ctx.signal.reason, took = relaybus.now() - t0 }
+          ctx:complete()
+          stop()
+        end)
+        assert.is_true((H.run(d, 15)))
+        other:close()
+        assert.equal("cancelled", got.reason)
+        local bound = entry.name == "postgresql" and 1 or lease
+        assert.is_true(got.took < bound, string.format("the abort took %.3f s (bound %.1f s)", got.took, bound))
+        expect(store, id, { status = "cancelled", attempts = 1 })
+      end)
+
+      it("kick requeues a cancelled delivery, which then runs; purge deletes cancelled ones; a cancel frees its key", function()
+        local keyed = assert(store:enqueue("cn.kick", { n = 1 }, { key = "k1" }))
+        assert.is_true(answer(store:cancel(keyed)))
+        local again = assert(store:enqueue("cn.kick", { n = 2 }, { key = "k1" }))
+        assert.are_not.equal(keyed, again)                 -- the key was free again
+        local gone = assert(store:enqueue("cn.kick", { n = 3 }))
+        assert.is_true(answer(store:cancel(gone)))
+        assert.equal(0, assert(store:kick { status = "buried" }))   -- kick all takes only buried
+        assert.equal(1, assert(store:kick(gone)))
+        expect(store, gone, { status = "pending", attempts = 0 })
+        local ran = {}
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("cn.kick", function(del) ran[#ran + 1] = del.id; if #ran == 2 then stop() end end)
+        assert.is_true((H.run(d, 10)))
+        table.sort(ran)
+        local want = { again, gone }
+        table.sort(want)
+        assert.same(want, ran)
+        assert.equal(1, assert(store:purge { status = "cancelled" }))
+        assert.is_nil(store:get(keyed))
+        assert.equal(0, assert(store:stats()).cancelled)
+      end)
+    end)
+
     describe("bury and kick of a running delivery", function()
       -- An operator buries a running delivery and kicks it back (the dashboard's buttons): the
       -- kick must not let a new run start while the old one may still act, that is before the

@@ -262,6 +262,10 @@ static void spy_bury(rb_store *s, const char *id, const char *reason, rb_count_c
 {
     REAL(s)->vt->bury(REAL(s), id, reason, cb, ud);
 }
+static void spy_cancel(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    REAL(s)->vt->cancel(REAL(s), id, reason, cb, ud);
+}
 static void spy_remove(rb_store *s, const char *id, rb_count_cb cb, void *ud)
 {
     REAL(s)->vt->remove(REAL(s), id, cb, ud);
@@ -347,11 +351,18 @@ static void spy_close(rb_store *s)
     free(p);
 }
 
-/* The in-process wake-up of the real store reaches whoever listens on the double. */
+/* The in-process wake-up of the real store reaches whoever listens on the double; so does
+ * its word of a cancelled run. */
 static void spy_local_wakeup(void *ud)
 {
     th_spy *p = ud;
     if (p->base.local_wakeup) p->base.local_wakeup(p->base.local_wakeup_ud);
+}
+
+static void spy_local_cancelled(void *ud, const char *id, const char *token)
+{
+    th_spy *p = ud;
+    rb_store_cancelled(&p->base, id, token);
 }
 
 static th_spy *spy_new(rb_store *real)
@@ -377,6 +388,7 @@ static th_spy *spy_new(rb_store *real)
     p->vt.topic_stats = real->vt->topic_stats ? spy_topic_stats : NULL;
     p->vt.pending_topics = real->vt->pending_topics ? spy_pending_topics : NULL;
     p->vt.bury = real->vt->bury ? spy_bury : NULL;
+    p->vt.cancel = real->vt->cancel ? spy_cancel : NULL;
     p->vt.remove = real->vt->remove ? spy_remove : NULL;
     p->vt.lease = real->vt->lease ? spy_lease : NULL;
     p->vt.begin = spy_begin;
@@ -386,6 +398,7 @@ static th_spy *spy_new(rb_store *real)
     p->base.loop = real->loop;
     p->base.table = real->table;
     real->local_wakeup = spy_local_wakeup;
+    real->local_cancelled = spy_local_cancelled;
     real->local_wakeup_ud = p;
     return p;
 }
