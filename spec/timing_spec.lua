@@ -124,6 +124,59 @@ for _, entry in ipairs(S.list()) do
       assert.equal(0, term(B))
     end)
 
+    it("a delivery cancelled while its worker is frozen (SIGSTOP): thawed, its handler sees reason cancelled and nothing it settles is written", function()
+      local id = assert(store:enqueue("work", {}))
+      local A = worker { RB_LEASE = "3", RB_STEPS = "100", RB_STEP = "0.1" }
+      assert.truthy(S.wait_for(function() return first(A.log, "X", id) end, 20))
+      S.signal(A, "STOP")
+      assert.is_true(assert(store:cancel(id)))
+      S.sleep(0.3)
+      S.signal(A, "CONT")
+      assert.truthy(S.wait_for(function() return first(A.log, "E", id) end, 20), "A's handler did not end")
+      local w = first(A.log, "W", id)
+      assert.truthy(w, "A's wait never failed")
+      assert.equal("cancelled", w[6])
+      S.sleep(0.3)                    -- (its completion, had it been sent, is answered by now)
+      local r = assert(store:get(id))
+      assert.equal("cancelled", r.status)
+      assert.equal(1, r.attempts)
+      assert.equal(0, term(A))
+    end)
+
+    it("two workers, one killed (kill -9) and one frozen, while deliveries are cancelled: each cancelled one stays cancelled, every other completes", function()
+      local ids = {}
+      for i = 1, 24 do ids[i] = assert(store:enqueue("work", { i = i })) end
+      local env = { RB_LEASE = "1", RB_CONC = "4", RB_STEPS = "4", RB_STEP = "0.1" }
+      local A, B = worker(env), worker(env)
+      local cancelled = {}
+      for i = 1, #ids, 2 do
+        if i == 7 then S.signal(A, "KILL") end
+        if i == 13 then S.signal(B, "STOP") end
+        if i == 17 then S.signal(B, "CONT") end
+        local done, err = store:cancel(ids[i])
+        assert.is_boolean(done, err)
+        if done then cancelled[ids[i]] = true end     -- false: it had completed already
+        S.sleep(0.1)
+      end
+      local C = worker(env)           -- takes over what A held when it died
+      assert.truthy(S.wait_for(function()
+        local st = store:stats()
+        return st.pending + st.processing == 0
+      end, 60), "the deliveries did not all settle")
+      for i, id in ipairs(ids) do
+        local r = assert(store:get(id))
+        if cancelled[id] then
+          assert.equal("cancelled", r.status, id)
+        else
+          assert.equal("completed", r.status, id .. " (" .. i .. "): " .. tostring(r.last_error))
+        end
+      end
+      assert.is_true(next(cancelled) ~= nil, "nothing was cancelled")
+      assert.equal(0, term(B))
+      assert.equal(0, term(C))
+      S.wait_exit(A, 5)
+    end)
+
     it("a loop held by a sibling handler past a lease: the waiting run acts no more when the loop frees", function()
       local id = assert(store:enqueue("work", {}))
       local A = worker { RB_LEASE = "1", RB_STEPS = "60", RB_STEP = "0.1", RB_BLOCK = "3" }

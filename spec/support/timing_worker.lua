@@ -3,7 +3,7 @@
 -- Its handlers act only after a wait told them to go on, as a careful handler does, and log
 -- every step as one flushed line "<event> <id> <pid> <fence> <monotonic>":
 --   S  a run started            X  a side effect (made only after a wait returned true)
---   W  a wait returned nil      E  the handler returned
+--   W  a wait returned nil (a sixth field: ctx.signal.reason)   E  the handler returned
 -- The spec then checks that no run made a side effect after a later run of the same delivery
 -- (higher fence) had started: a takeover never overlaps the work of the run it replaced.
 -- Environment:
@@ -35,11 +35,11 @@ local d = relaybus.dispatcher(store, {
   backoff = function() return 0 end,
 })
 
-local function careful(id, fence, sleep)
+local function careful(id, fence, sleep, signal)
   for _ = 1, steps do
     local ok = sleep(step)
     if not ok then
-      say("W", id, pid, fence, t(relaybus.now()))
+      say("W", id, pid, fence, t(relaybus.now()), tostring(signal.reason))
       return
     end
     say("X", id, pid, fence, t(relaybus.now()))
@@ -60,7 +60,7 @@ d:handle("work", function(delivery, ctx)
       say("X", id, pid, fence, t(relaybus.now()))
     end
   end
-  careful(id, fence, function(s) return ctx:sleep(s) end)
+  careful(id, fence, function(s) return ctx:sleep(s) end, ctx.signal)
   say("E", id, pid, fence, t(relaybus.now()))
 end, { transactional = side ~= nil })
 
@@ -77,7 +77,7 @@ if mode == "every" then
     n = n + 1
     local id, fence = "tick", pid .. "." .. n
     say("S", id, pid, fence, t(relaybus.now()))
-    careful(id, fence, function(s) return ctx:sleep(s) end)
+    careful(id, fence, function(s) return ctx:sleep(s) end, ctx.signal)
     say("E", id, pid, fence, t(relaybus.now()))
   end)
 end
