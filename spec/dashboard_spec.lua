@@ -45,7 +45,7 @@ for _, entry in ipairs(S.list()) do
       D.with_server(store, nil, function(_, call)
         local st, _, j = call("GET", "/api/stats")
         assert.equal(200, st)
-        assert.same({ pending = 2, processing = 0, completed = 2, buried = 1 }, j.deliveries)
+        assert.same({ pending = 2, processing = 0, completed = 2, buried = 1, cancelled = 0 }, j.deliveries)
         assert.equal(1, j.due)
         assert.is_true(j.read_only)
         local topics = {}
@@ -153,6 +153,7 @@ for _, entry in ipairs(S.list()) do
         for _, a in ipairs { { "POST", "/api/deliveries/" .. b .. "/kick" },
                              { "POST", "/api/deliveries/kick?status=buried" },
                              { "POST", "/api/deliveries/" .. ids.pending[1] .. "/bury" },
+                             { "POST", "/api/deliveries/" .. ids.pending[1] .. "/cancel" },
                              { "DELETE", "/api/deliveries/" .. b } } do
           local st, _, j = call(a[1], a[2], D.auth)
           assert.equal(403, st, a[2])
@@ -170,6 +171,41 @@ for _, entry in ipairs(S.list()) do
           assert.equal("Bearer", hd["www-authenticate"])
         end
         assert.equal("buried", store:get(b).status, "nothing happened")
+        local st = call("POST", "/api/deliveries/" .. ids.pending[1] .. "/cancel")
+        assert.equal(401, st)
+        assert.equal("pending", store:get(ids.pending[1]).status, "nothing was cancelled")
+      end)
+    end)
+
+    it("cancels a pending delivery with the token; a settled one is a conflict; kick and delete take a cancelled one", function()
+      local store = S.open(entry, { migrate = true })
+      local ids = D.fill(store)
+      D.with_server(store, { token = D.TOKEN }, function(_, call)
+        local p = ids.pending[1]
+        local st, _, j = call("POST", "/api/deliveries/" .. p .. "/cancel", D.auth)
+        assert.equal(200, st)
+        assert.equal(1, j.count)
+        local g = store:get(p)
+        assert.equal("cancelled", g.status)
+        assert.equal("cancelled from the dashboard", g.last_error)
+        st, _, j = call("POST", "/api/deliveries/" .. p .. "/cancel", D.auth)
+        assert.equal(409, st, "cancelled already")
+        assert.matches("not pending or processing", j.error)
+        st = call("POST", "/api/deliveries/" .. ids.completed[1] .. "/cancel", D.auth)
+        assert.equal(409, st, "a completed one is not cancelled")
+        st = call("GET", "/api/deliveries/" .. p .. "/cancel")
+        assert.equal(405, st)
+        local _, _, s = call("GET", "/api/stats")
+        assert.equal(1, s.deliveries.cancelled)
+        local _, _, page = call("GET", "/api/deliveries?status=cancelled")
+        assert.equal(1, #page.deliveries)
+        assert.equal(p, page.deliveries[1].id)
+        st = call("POST", "/api/deliveries/" .. p .. "/kick", D.auth)
+        assert.equal(200, st)
+        assert.equal("pending", store:get(p).status)
+        assert.equal(200, (call("POST", "/api/deliveries/" .. p .. "/cancel", D.auth)))
+        assert.equal(200, (call("DELETE", "/api/deliveries/" .. p, D.auth)))
+        assert.is_nil(store:get(p))
       end)
     end)
 
@@ -506,13 +542,13 @@ describe("relaybus dashboard", function()
     local f = io.popen(S.quote(S.bin) .. " stats --topics --json --store " .. S.quote(url))
     local rows = relaybus.json.decode(f:read("a"))
     f:close()
-    assert.same({ { topic = D.XSS, pending = 1, processing = 0, completed = 0, buried = 0 },
-                  { topic = "a", pending = 2, processing = 0, completed = 0, buried = 0 } }, rows)
+    assert.same({ { topic = D.XSS, pending = 1, processing = 0, completed = 0, buried = 0, cancelled = 0 },
+                  { topic = "a", pending = 2, processing = 0, completed = 0, buried = 0, cancelled = 0 } }, rows)
     f = io.popen(S.quote(S.bin) .. " stats --topics --store " .. S.quote(url))
     local text = f:read("a")
     f:close()
-    assert.matches("TOPIC%s+PENDING%s+PROCESSING%s+COMPLETED%s+BURIED", text)
-    assert.matches("\na%s+2%s+0%s+0%s+0", text)
+    assert.matches("TOPIC%s+PENDING%s+PROCESSING%s+COMPLETED%s+BURIED%s+CANCELLED", text)
+    assert.matches("\na%s+2%s+0%s+0%s+0%s+0", text)
   end)
 
   it("refuses bad arguments", function()
