@@ -1,6 +1,6 @@
 -- browser_spec.lua -- the dashboard in headless Chromium (spec/support/browser.js, with
 -- playwright-core from scripts/install-deps.sh's node cache): counts, the XSS topic as text,
--- filter to buried, open one, kick it with the token, see it pending. Screenshots are saved
+-- filter to buried, open one, kick it with the token, see it pending, cancel it. Screenshots are saved
 -- under artifacts/ (gitignored). With CI=true a missing browser or playwright is a failure.
 local S = require "spec.support.stores"
 local D = require "spec.support.dash"
@@ -20,7 +20,7 @@ describe("the dashboard in a browser", function()
   after_each(function() S.reset() end)
 
   for _, entry in ipairs(S.list()) do
-    it("filters to buried, opens one, kicks it with the token and sees it pending on " .. entry.name, function()
+    it("filters to buried, opens one, kicks it with the token, sees it pending and cancels it on " .. entry.name, function()
       local why = missing()
       if why and not ci then pending(why .. " missing: run scripts/install-deps.sh") return end
       assert.is_nil(why, "missing: " .. tostring(why) .. " (scripts/install-deps.sh installs it)")
@@ -43,7 +43,7 @@ describe("the dashboard in a browser", function()
       assert.truthy(line, "browser.js said: " .. text)
       local r = S.relaybus().json.decode(line)
       assert.is_nil(r.failure, text)
-      assert.same({ "overview", "filtered", "opened", "kicked" }, r.steps)
+      assert.same({ "overview", "filtered", "opened", "kicked", "cancelled" }, r.steps)
       assert.same({ { "pending", "5" }, { "processing", "1" }, { "completed", "24" }, { "buried", "3" } }, r.counts)
       assert.is_true(r.xss_text, "the XSS topic shows as text")
       assert.equal(0, r.images, "no element was made from data")
@@ -58,6 +58,9 @@ describe("the dashboard in a browser", function()
       assert.is_true(r.detail_shown, "a refused delete hid the delivery and its error")
       assert.equal("kick: done (1)", r.with_token)
       assert.equal("pending", r.after_kick)
+      assert.is_true(r.cancel_enabled, "the cancel button of a pending delivery is disabled")
+      assert.equal("cancel: done (1)", r.cancelled)
+      assert.is_true(r.kick_enabled_after, "a cancelled delivery cannot be kicked from the page")
       assert.truthy(S.exists(out .. "/dashboard.png"))
       assert.truthy(S.wait_for(function() return S.rc(p) end, 20))
     end)

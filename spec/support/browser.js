@@ -1,6 +1,6 @@
 // browser.js URL TOKEN OUTDIR -- drives the dashboard in headless Chromium (playwright-core,
 // Debian's /usr/bin/chromium): the counts show, an XSS topic stays text, filter to buried,
-// open one, kick it with the token, see it pending. Screenshots go to OUTDIR. Prints one JSON
+// open one, kick it with the token, see it pending, cancel it. Screenshots go to OUTDIR. Prints one JSON
 // line with what it saw; exits non-zero on any failure.
 'use strict';
 const { chromium } = require('playwright-core');
@@ -71,6 +71,15 @@ const result = { steps: [] };
     result.after_kick = await page.textContent('#detail-status');
     await page.screenshot({ path: outdir + '/dashboard-kicked.png', fullPage: true });
     result.steps.push('kicked');
+    // the kicked delivery is pending: cancel it, and the detail says cancelled
+    result.cancel_enabled = await page.isEnabled('#btn-cancel');
+    await page.click('#btn-cancel');
+    await page.waitForFunction(() => document.getElementById('detail-status').textContent === 'cancelled');
+    result.cancelled = await page.textContent('#action-result');
+    result.kick_enabled_after = await page.isEnabled('#btn-kick');
+    await page.waitForFunction(() => document.getElementById('n-cancelled').textContent.trim() === '1');
+    await page.screenshot({ path: outdir + '/dashboard-cancelled.png', fullPage: true });
+    result.steps.push('cancelled');
     result.dialogs = dialogs;
     result.external = external;
     result.errors = errors;
