@@ -39,7 +39,7 @@ typedef struct thread_answer { rb_stats_cb cb; void *ud; } thread_answer;
 static void *answer_stats(void *p)
 {
     thread_answer *a = p;
-    rb_stats st = {1, 0, 0, 0, 1, 0};
+    rb_stats st = {.pending = 1, .due = 1};
     a->cb(a->ud, NULL, &st);
     free(a);
     return NULL;
