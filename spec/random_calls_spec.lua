@@ -60,6 +60,7 @@ local function sequence(seed, url, opts, steps)
     function(_, ctx) ctx.signal:on_abort(function() error("in on_abort") end); ctx:sleep(LEASE * 2) end,
     function(_, ctx) relaybus.spawn(function() relaybus.sleep(0.02); ctx:complete(); ctx:sleep(0.01) end) end,
     function() coroutine.yield(); coroutine.yield("x") end,
+    function(del, ctx) local s = pick(stores); if s then pcall(s.cancel, s, del.id) end; ctx:sleep(0.05); ctx:complete() end,
     function() local s = pick(stores); if s then pcall(s.close, s) end end,
     function() local d = pick(ds); if d then pcall(d.stop, d, { timeout = 0 }) end end,
     function() pcall(coroutine.wrap(function() local s = pick(stores); if s then s:stats() end end)) end,
@@ -86,6 +87,8 @@ local function sequence(seed, url, opts, steps)
     function() local s = pick(stores); if s then call("stats", s.stats, s) end end,
     function() local s = pick(stores); if s then call("get", s.get, s, pick(ids) or "42") end end,
     function() local s = pick(stores); if s then call("kick", s.kick, s, { status = "buried" }) end end,
+    -- a cancel of a delivery that may be running anywhere here, settled, or not an id at all
+    function() local s = pick(stores); if s then call("cancel", s.cancel, s, pick(ids) or pick { "42", "", "x\0y" }) end end,
     -- (an hour old: what this sequence completed stays, to be counted at the end)
     function() local s = pick(stores); if s then call("purge", s.purge, s, { status = "completed", older_than = 3600, limit = 1 }) end end,
     function() -- a dispatcher with random, sometimes bad, options
