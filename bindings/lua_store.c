@@ -487,18 +487,22 @@ static int l_store_stats(lua_State *L)
     return rb_await_finish(L, w);
 }
 
-static const char *const kick_opts[] = {"status", NULL};
+static const char *const kick_opts[] = {"status", "topic", NULL};
 
+/* store:kick(id), store:kick{status = "buried" [, topic = T]}: how many went back to pending. */
 static int l_store_kick(lua_State *L)
 {
     rb_store *s = check_lua_store(L, 1)->s;
     rb_kick_mode mode;
-    const char *id = NULL;
+    const char *id = NULL, *topic = NULL;
     if (lua_istable(L, 2)) {
         rb_check_options(L, 2, "kick", kick_opts);
         lua_getfield(L, 2, "status");
-        const char *st = lua_tostring(L, -1);
-        if (!st || strcmp(st, "buried") != 0) rb_misuse(L, "kick: only {status=\"buried\"} is supported");
+        const char *st = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        if (!st || strcmp(st, "buried") != 0)
+            rb_misuse(L, "kick: only {status=\"buried\"} is supported, with or without topic");
+        lua_getfield(L, 2, "topic");
+        if (!lua_isnil(L, -1)) topic = rb_check_topic(L, lua_gettop(L), "kick");
         mode = RB_KICK_BURIED;
     } else {
         id = luaL_checkstring(L, 2);
@@ -506,7 +510,7 @@ static int l_store_kick(lua_State *L)
     }
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    s->vt->kick(s, mode, id, on_count, w);
+    s->vt->kick(s, mode, id, topic, on_count, w);
     return rb_await_finish(L, w);
 }
 

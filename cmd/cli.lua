@@ -234,7 +234,8 @@ Commands:
   enqueue TOPIC [JSON]   add a delivery and print its id
   stats                  counts of deliveries by status
   list                   list deliveries, oldest first
-  kick ID | --buried     put buried (or a cancelled) deliveries back to pending
+  kick ID | --buried [--topic T]
+                         put buried (or a cancelled) deliveries back to pending
   cancel ID              cancel a pending or running delivery
   purge                  delete settled deliveries
   pause TOPIC            no process starts a delivery of TOPIC until resumed
@@ -314,7 +315,7 @@ Options:
 
 HELP.kick = [[
 Usage: relaybus kick ID
-       relaybus kick --buried
+       relaybus kick --buried [--topic T]
 
 Puts the buried or cancelled delivery ID, or every buried delivery, back to pending with its
 attempts reset, and prints how many were requeued. Kicking an ID that is neither buried nor
@@ -322,6 +323,7 @@ cancelled fails (exit 1).
 
 Options:
   --buried          every buried delivery
+  --topic T         with --buried: every buried delivery of topic T only
 ]] .. STORE_HELP
 
 HELP.cancel = [[
@@ -397,7 +399,7 @@ local SPECS = {
   enqueue = { options = { delay = "seconds", key = "string", ["max-attempts"] = "count" } },
   stats = { options = { json = "flag", topics = "flag" } },
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag" } },
-  kick = { options = { buried = "flag" } },
+  kick = { options = { buried = "flag", topic = "string" } },
   cancel = { options = {} },
   purge = { options = { completed = "flag", buried = "flag", cancelled = "flag",
                         ["older-than"] = "seconds" } },
@@ -552,6 +554,7 @@ end
 function CHECKS.kick(c, pos)
   max_args("kick", pos, 1)
   c.id = pos[1]
+  if c.opts.topic and not c.opts.buried then usage("kick: --topic goes with --buried") end
   if c.opts.buried and c.id then usage("kick: give an ID or --buried, not both") end
   if not c.opts.buried and not c.id then usage("kick: missing ID or --buried (see relaybus kick --help)") end
   if c.id == "" then usage("kick: ID must not be empty") end
@@ -854,7 +857,7 @@ function commands.kick(c)
   local store = open_store(c, false)
   local n
   if c.opts.buried then
-    n = call(c, store, "kick", { status = "buried" })
+    n = call(c, store, "kick", { status = "buried", topic = c.opts.topic })
   else
     n = call(c, store, "kick", c.id)
     if n == 0 then

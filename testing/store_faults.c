@@ -756,13 +756,14 @@ static void fw_stats(rb_store *s, rb_stats_cb cb, void *ud)
     if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->stats(fs->inner, on_stats, ID));
 }
 
-static void fw_kick(rb_store *s, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+static void fw_kick(rb_store *s, rb_kick_mode mode, const char *id, const char *topic,
+                    rb_count_cb cb, void *ud)
 {
     faults_store *fs = FS(s);
     fop *o = fop_new(fs, RB_FOP_KICK, ud);
     if (!o) { cb(ud, "out of memory", 0); return; }
     o->cb.count = cb;
-    if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->kick(fs->inner, mode, id, on_count, ID));
+    if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->kick(fs->inner, mode, id, topic, on_count, ID));
 }
 
 static void fw_purge(rb_store *s, const char *status, double older_than, size_t limit,

@@ -639,8 +639,11 @@ static void route(req *r, const char *method, const char *url)
             respond_error(r, 400, "kick takes status=buried");
             return;
         }
+        const char *topic = arg(r, "topic");
         if (!op_start(r)) return;
-        d->store->vt->kick(d->store, RB_KICK_BURIED, NULL, on_kick_all, r);
+        rb_log(RB_LOG_INFO, "dashboard: kick every buried delivery%s%s", topic ? " of topic " : "",
+               topic ? topic : "");
+        d->store->vt->kick(d->store, RB_KICK_BURIED, NULL, topic, on_kick_all, r);
         return;
     }
     static const char prefix[] = "/api/deliveries/";
@@ -681,7 +684,7 @@ static void route(req *r, const char *method, const char *url)
     }
     if (!op_start(r)) return;
     rb_log(RB_LOG_INFO, "dashboard: %s delivery %s", action, id);
-    if (kick) d->store->vt->kick(d->store, RB_KICK_ONE, id, on_kick_one, r);
+    if (kick) d->store->vt->kick(d->store, RB_KICK_ONE, id, NULL, on_kick_one, r);
     else if (bury) d->store->vt->bury(d->store, id, BURY_REASON, on_bury, r);
     else d->store->vt->cancel(d->store, id, CANCEL_REASON, on_bury, r);
 }

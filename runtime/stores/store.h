@@ -201,12 +201,14 @@ typedef struct rb_store_vtable {
     void (*get)(rb_store *s, const char *id, rb_records_cb cb, void *ud);
     void (*list)(rb_store *s, const rb_list_req *req, rb_records_cb cb, void *ud);
     void (*stats)(rb_store *s, rb_stats_cb cb, void *ud);
-    /* RB_KICK_ONE: the buried or cancelled delivery `id`; RB_KICK_BURIED: all buried. -> pending, attempts 0,
+    /* RB_KICK_ONE: the buried or cancelled delivery `id`; RB_KICK_BURIED: all buried, or all
+     * buried of `topic` when it is not NULL. -> pending, attempts 0,
      * due now, or when the lease that `bury` kept ends if that is later (no new run while
      * the buried run may still act).
      * A buried delivery whose topic and key a live delivery holds again: PostgreSQL leaves it
      * buried (not counted), MongoDB requeues it without its dedupe, SQLite requeues it. */
-    void (*kick)(rb_store *s, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud);
+    void (*kick)(rb_store *s, rb_kick_mode mode, const char *id, const char *topic,
+                 rb_count_cb cb, void *ud);
     /* Deletes deliveries of `status` (completed, buried or cancelled) settled more than
      * older_than s ago,
      * at most `limit` of them (0 = no limit). */

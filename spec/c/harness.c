@@ -240,9 +240,10 @@ static void spy_stats(rb_store *s, rb_stats_cb cb, void *ud)
 {
     REAL(s)->vt->stats(REAL(s), cb, ud);
 }
-static void spy_kick(rb_store *s, rb_kick_mode m, const char *id, rb_count_cb cb, void *ud)
+static void spy_kick(rb_store *s, rb_kick_mode m, const char *id, const char *topic,
+                     rb_count_cb cb, void *ud)
 {
-    REAL(s)->vt->kick(REAL(s), m, id, cb, ud);
+    REAL(s)->vt->kick(REAL(s), m, id, topic, cb, ud);
 }
 static void spy_purge(rb_store *s, const char *st, double age, size_t lim, rb_count_cb cb,
                       void *ud)

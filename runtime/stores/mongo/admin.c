@@ -216,6 +216,7 @@ typedef struct count_job {
     mjob j;
     rb_kick_mode mode;
     char *id, *status;
+    char *topic;                /* kick all buried: of this topic only, or NULL */
     char *reason;               /* bury or cancel one */
     char *token;                /* cancel one: the lease of the run it cancelled */
     double older_than;
@@ -324,6 +325,7 @@ static void kick_work(mjob *j, mongoc_client_t *c)
             if (ok) BSON_APPEND_OID(&f, "_id", &oid);
         } else {
             BSON_APPEND_UTF8(&f, "status", "buried");
+            if (q->topic) BSON_APPEND_UTF8(&f, "topic", q->topic);
         }
         BSON_APPEND_INT64(&opts, "limit", BATCH_ROUND);
         bson_t **docs = NULL;
@@ -424,13 +426,15 @@ static void count_done(mjob *j, const char *err)
     if (!err && q->token) rb_store_cancelled(&j->s->base, q->id, q->token);
     j->cb.count(j->ud, err, err ? 0 : q->count);
     free(q->token);
+    free(q->topic);
     free(q->id);
     free(q->reason);
     free(q->status);
     free(q);
 }
 
-void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, const char *topic,
+             rb_count_cb cb, void *ud)
 {
     count_job *q = mg_job_new((mstore *)st, sizeof *q, kick_work, count_done, (rb_store_cb){.count = cb}, ud);
     if (!q) {
@@ -438,7 +442,8 @@ void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, rb_count_cb cb, vo
         return;
     }
     q->mode = mode;
-    if (!(q->id = rb_strdup(id ? id : ""))) {
+    q->topic = mode == RB_KICK_BURIED ? mg_dupstr(topic) : NULL;
+    if (!(q->id = rb_strdup(id ? id : "")) || (mode == RB_KICK_BURIED && topic && !q->topic)) {
         count_done(&q->j, MG_OOM);
         return;
     }

@@ -245,7 +245,8 @@ void mg_settle(rb_store *st, rb_settle_op *ops, size_t n, rb_done_cb cb, void *u
 void mg_get(rb_store *st, const char *id, rb_records_cb cb, void *ud);
 void mg_list(rb_store *st, const rb_list_req *req, rb_records_cb cb, void *ud);
 void mg_stats(rb_store *st, rb_stats_cb cb, void *ud);
-void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud);
+void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, const char *topic,
+             rb_count_cb cb, void *ud);
 void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
               rb_count_cb cb, void *ud);
 /* operator.c, admin.c: for the dashboard */

@@ -689,12 +689,14 @@ static void pg_stats(rb_store *bs, rb_stats_cb cb, void *ud)
     op_submit_now(s, op);
 }
 
-static void pg_kick(rb_store *bs, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+static void pg_kick(rb_store *bs, rb_kick_mode mode, const char *id, const char *topic,
+                    rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
     if (mode == RB_KICK_ONE && !valid_id(id)) { cb(ud, NULL, 0); return; }
-    pg_op *op = op_adhoc(s, s->sql_kick, 1, pg_count_done, ud);
-    if (!op || !pg_op_param(op, 0, mode == RB_KICK_ONE ? id : NULL)) {
+    pg_op *op = op_adhoc(s, s->sql_kick, 2, pg_count_done, ud);
+    if (!op || !pg_op_param(op, 0, mode == RB_KICK_ONE ? id : NULL) ||
+        !pg_op_param(op, 1, mode == RB_KICK_ONE ? NULL : topic)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", 0);
         return;

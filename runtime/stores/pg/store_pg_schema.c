@@ -443,7 +443,8 @@ const char rb_pg_sql_kick[] =
     " lease_token = NULL,"
     " lease_expires_at = CASE WHEN d.lease_expires_at > now() THEN d.lease_expires_at END"
     " WHERE (d.status = 'buried' OR ($1::bigint IS NOT NULL AND d.status = 'cancelled'))"
-    " AND ($1::bigint IS NULL OR d.id = $1::bigint) AND (d.key IS NULL OR ("
+    " AND ($1::bigint IS NULL OR d.id = $1::bigint) AND ($2::text IS NULL OR d.topic = $2::text)"
+    " AND (d.key IS NULL OR ("
     "  NOT EXISTS (SELECT 1 FROM \"@T\" o WHERE o.topic = d.topic AND o.key = d.key AND o." LIVE ")"
     "  AND d.id = (SELECT max(b.id) FROM \"@T\" b WHERE b.topic = d.topic AND b.key = d.key"
     "   AND b.status = d.status)))";

@@ -700,6 +700,7 @@ static job_rc run_kick(rb_sqlite *s, job *j)
     if (rc == SQLITE_OK) {
         sqlite3_bind_double(st, 1, rb_wall_time());
         if (j->which == RB_KICK_ONE) sqlite3_bind_int64(st, 2, id);
+        else bind_text(st, 5, j->topic);
         bind_boot(st, 3);
         sqlite3_bind_double(st, 4, rb_boot_time());
         rc = run_to_done(s, j, st);
@@ -712,7 +713,6 @@ static job_rc run_kick(rb_sqlite *s, job *j)
 static int add_row(rb_rowset *rs, sqlite3_stmt *st);
 static rb_rowset *new_rowset(sqlite3_stmt *st);
 
-/* Bury one (which 1) or delete one settled (which 0), by id. */
 /* The lease a cancel of delivery `id` takes away (its token into j->token; a pending one
  * has none), read before the cancel in the same transaction. */
 static int cancelled_lease(rb_sqlite *s, job *j, sqlite3_int64 id)
@@ -732,6 +732,7 @@ static int cancelled_lease(rb_sqlite *s, job *j, sqlite3_int64 id)
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
+/* An operator's act on one delivery by id (which: ONE_DELETE, ONE_BURY, ONE_CANCEL). */
 static job_rc run_one(rb_sqlite *s, job *j)
 {
     static const int stmt[] = {[ONE_DELETE] = ST_DELETE_ONE, [ONE_BURY] = ST_BURY_ONE,
@@ -1555,7 +1556,8 @@ static void sq_stats(rb_store *base, rb_stats_cb cb, void *ud)
     submit(s, j);
 }
 
-static void sq_kick(rb_store *base, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+static void sq_kick(rb_store *base, rb_kick_mode mode, const char *id, const char *topic,
+                    rb_count_cb cb, void *ud)
 {
     rb_sqlite *s = (rb_sqlite *)base;
     job *j = new_job(s, NULL, &T_KICK, ud);
@@ -1563,6 +1565,7 @@ static void sq_kick(rb_store *base, rb_kick_mode mode, const char *id, rb_count_
     j->cb.count = cb;
     j->which = mode;
     j->id = keep(j, id);
+    j->topic = keep(j, topic);
     submit(s, j);
 }
 

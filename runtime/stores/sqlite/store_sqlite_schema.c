@@ -121,7 +121,8 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0," KICK_SET
         " WHERE id = ?2 AND (status = 'buried' OR status = 'cancelled')",
     [ST_KICK_BURIED] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0," KICK_SET
-        " WHERE status IN ('completed','buried') AND status = 'buried'",
+        " WHERE status IN ('completed','buried') AND status = 'buried'"
+        " AND (?5 IS NULL OR topic = ?5)",
     [ST_PURGE] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
         " WHERE status IN ('completed','buried') AND status = ?1 AND settled_at < ?2"
         " ORDER BY settled_at LIMIT ?3)",
