@@ -1017,6 +1017,30 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.equal(0, st.buried)
       end)
 
+      it("kick{status = \"buried\", topic = T} requeues the buried of T only; hostile topics kick nothing", function()
+        local ids = settle_some()
+        local other = assert(store:enqueue("ks.other", 7, { max_attempts = 1 }))
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("ks.other", function() stop(); error("bad other") end)
+        assert.is_true(H.run(d, 10))
+        assert.truthy(H.poll(function() return assert(store:get(other)).status == "buried" end, 5))
+        for _, t in ipairs { "ks.nothing", "ks.bad ", "KS.BAD", "ks.%", "ks.*", "$where", string.rep("k", 100000) } do
+          local n, err = store:kick { status = "buried", topic = t }
+          if n == nil then H.one_line(err) else assert.equal(0, n, t:sub(1, 40)) end
+        end
+        local n, err = store:kick { status = "buried", topic = "\xff\xfe" }
+        if n == nil then H.one_line(err) else assert.equal(0, n) end   -- (PostgreSQL refuses bytes that are not UTF-8)
+        assert.equal(4, assert(store:stats()).buried)
+        assert.equal(3, assert(store:kick { status = "buried", topic = "ks.bad" }))
+        for i = 1, 3 do assert.equal("pending", assert(store:get(ids[i])).status) end
+        assert.equal("buried", assert(store:get(other)).status)
+        for _, bad in ipairs { "", 5, "a\0b", {} } do
+          H.raises_relaybus(function() store:kick { status = "buried", topic = bad } end)
+        end
+        H.raises_relaybus(function() store:kick { topic = "ks.bad" } end)
+      end)
+
       it("purge deletes settled deliveries of the status older than older_than", function()
         local ids = settle_some()
         assert.equal(0, store:purge { status = "completed", older_than = 3600 })

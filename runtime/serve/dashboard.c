@@ -555,6 +555,17 @@ static const char *arg(req *r, const char *name)
     return v && *v ? v : NULL;
 }
 
+/* 1 when argument `name` holds a NUL byte (%00): as a C string it would read shorter, and a
+ * topic filter cut to nothing would widen a bulk action to every topic. */
+static int arg_has_nul(req *r, const char *name)
+{
+    const char *v = NULL;
+    size_t n = 0;
+    if (MHD_lookup_connection_value_n(r->conn, MHD_GET_ARGUMENT_KIND, name, strlen(name), &v,
+                                      &n) != MHD_YES || !v) return 0;
+    return memchr(v, 0, n) != NULL;
+}
+
 static void get_list(req *r)
 {
     rb_dashboard *d = r->d;
@@ -564,6 +575,7 @@ static void get_list(req *r)
     lr.after = arg(r, "after");
     const char *lim = arg(r, "limit");
     if (lr.status && rb_status_parse(lr.status) < 0) { respond_error(r, 400, "unknown status"); return; }
+    if (arg_has_nul(r, "topic")) { respond_error(r, 400, "topic must not hold a NUL byte"); return; }
     if (lr.after && !valid_id(lr.after)) { respond_error(r, 400, "bad after: not an id"); return; }
     size_t limit = DEFAULT_LIMIT;
     if (lim) {
@@ -637,6 +649,10 @@ static void route(req *r, const char *method, const char *url)
         const char *status = arg(r, "status");
         if (!status || strcmp(status, "buried") != 0) {
             respond_error(r, 400, "kick takes status=buried");
+            return;
+        }
+        if (arg_has_nul(r, "topic")) {
+            respond_error(r, 400, "topic must not hold a NUL byte");
             return;
         }
         const char *topic = arg(r, "topic");

@@ -80,6 +80,27 @@ const result = { steps: [] };
     await page.waitForFunction(() => document.getElementById('n-cancelled').textContent.trim() === '1');
     await page.screenshot({ path: outdir + '/dashboard-cancelled.png', fullPage: true });
     result.steps.push('cancelled');
+
+    // "kick all buried" takes the topic filter and asks first: a topic with none kicks none
+    // and leaves the others buried; then the one topic with buried deliveries
+    async function kickAll(topic) {
+      await page.fill('#filter-topic', topic);
+      await page.click('#apply');
+      await page.click('#kick-all');
+      const asked = await page.textContent('#kick-all');
+      const before = await page.textContent('#n-buried');
+      await page.waitForTimeout(300);
+      const untouched = (await page.textContent('#n-buried')) === before;
+      await page.click('#kick-all');
+      await page.waitForFunction(() => /: (done|this)/.test(document.getElementById('action-result').textContent));
+      return { asked, untouched, said: await page.textContent('#action-result') };
+    }
+    result.kick_other = await kickAll('no.such.topic');
+    result.buried_after_other = await page.textContent('#n-buried');
+    result.kick_topic = await kickAll('payments.charge');
+    await page.waitForFunction(() => document.getElementById('n-buried').textContent.trim() === '0');
+    await page.screenshot({ path: outdir + '/dashboard-kick-topic.png', fullPage: true });
+    result.steps.push('kicked topic');
     result.dialogs = dialogs;
     result.external = external;
     result.errors = errors;

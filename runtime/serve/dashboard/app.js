@@ -156,6 +156,7 @@
     ev.preventDefault();
     state.status = $('filter-status').value;
     state.topic = $('filter-topic').value;
+    disarmKick();
     state.after = null; state.pages = [];
     refreshList();
   });
@@ -223,7 +224,32 @@
       if (done) { $('detail').hidden = true; state.selected = null; }
     });
   });
-  $('kick-all').addEventListener('click', function () { act('POST', '/api/deliveries/kick?status=buried', 'kick all buried'); });
+  // Kick every buried delivery of the applied topic filter (every topic without one). A bulk
+  // action asks first, on the page: the first click names what it will do, a second within
+  // 5 s does it.
+  var kickArmed = null;
+  function kickAllLabel() {
+    return state.topic ? 'kick all buried of topic \u201c' + state.topic + '\u201d' : 'kick all buried';
+  }
+  function disarmKick() {
+    if (kickArmed) clearTimeout(kickArmed);
+    kickArmed = null;
+    $('kick-all').textContent = kickAllLabel();
+    $('kick-all').classList.remove('armed');
+  }
+  $('kick-all').addEventListener('click', function () {
+    if (!kickArmed) {
+      $('kick-all').textContent = 'confirm: ' + kickAllLabel() + '?';
+      $('kick-all').classList.add('armed');
+      kickArmed = setTimeout(disarmKick, 5000);
+      return;
+    }
+    var what = kickAllLabel();
+    var path = '/api/deliveries/kick?status=buried' +
+      (state.topic ? '&topic=' + encodeURIComponent(state.topic) : '');
+    disarmKick();
+    act('POST', path, what);
+  });
 
   // ---- refresh --------------------------------------------------------------------------------
   function tick() {
