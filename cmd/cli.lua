@@ -234,6 +234,7 @@ Commands:
   enqueue TOPIC [JSON]   add a delivery and print its id
   stats                  counts of deliveries by status
   list                   list deliveries, oldest first
+  show ID                one delivery, whole
   kick ID | --buried [--topic T]
                          put buried (or a cancelled) deliveries back to pending
   cancel ID              cancel a pending or running delivery
@@ -249,7 +250,7 @@ Every command takes:
 ]] .. STORE_HELP .. [[
 
 
-stats, list, kick, cancel, purge, pause, resume and paused never create a schema: on a store
+stats, list, show, kick, cancel, purge, pause, resume and paused never create a schema: on a store
 without one they fail (run `relaybus migrate` first); enqueue and migrate create it. An
 option may be given once.
 
@@ -311,6 +312,17 @@ Options:
   --topic T         only deliveries of topic T
   --limit N         at most N deliveries (default 100)
   --json            print a JSON array of delivery records instead of a table
+]] .. STORE_HELP
+
+HELP.show = [[
+Usage: relaybus show ID [--json]
+
+Prints delivery ID whole: its fields one a line, then its last error (line breaks kept, each
+line indented) and its payload as JSON. Control characters are shown as escapes (\x1b).
+--json prints its record as one JSON object instead. An ID with no delivery fails (exit 1).
+
+Options:
+  --json            print the record as JSON
 ]] .. STORE_HELP
 
 HELP.kick = [[
@@ -399,6 +411,7 @@ local SPECS = {
   enqueue = { options = { delay = "seconds", key = "string", ["max-attempts"] = "count" } },
   stats = { options = { json = "flag", topics = "flag" } },
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag" } },
+  show = { options = { json = "flag" } },
   kick = { options = { buried = "flag", topic = "string" } },
   cancel = { options = {} },
   purge = { options = { completed = "flag", buried = "flag", cancelled = "flag",
@@ -558,6 +571,13 @@ function CHECKS.kick(c, pos)
   if c.opts.buried and c.id then usage("kick: give an ID or --buried, not both") end
   if not c.opts.buried and not c.id then usage("kick: missing ID or --buried (see relaybus kick --help)") end
   if c.id == "" then usage("kick: ID must not be empty") end
+end
+
+function CHECKS.show(c, pos)
+  max_args("show", pos, 1)
+  c.id = pos[1]
+  if not c.id then usage("show: missing ID (see relaybus show --help)") end
+  if c.id == "" then usage("show: ID must not be empty") end
 end
 
 function CHECKS.cancel(c, pos)
@@ -880,6 +900,34 @@ function commands.purge(c)
   end
   io.stdout:write(fmt_int(total), "\n")
   store:close()
+  return EXIT_OK
+end
+
+function commands.show(c)
+  local store = open_store(c, false)
+  local ok, d, err = pcall(store.get, store, c.id)
+  store:close()
+  if not ok or (d == nil and err ~= nil) then
+    runtime("show: %s", show(scrub(tostring(ok and err or d):gsub("^relaybus: ", "")), nil, true))
+  end
+  if d == nil then runtime("show: no delivery %s", show_arg(c.id)) end
+  if c.opts.json then
+    io.stdout:write(json_text(d), "\n")
+    return EXIT_OK
+  end
+  local now = relaybus.time()
+  local rows = {
+    { "id", show(d.id, 80) }, { "topic", show(d.topic or "", 200) }, { "status", show(d.status or "?") },
+    { "attempts", fmt_int(d.attempts) .. "/" .. fmt_int(d.max_attempts) }, { "fence", fmt_int(d.fence) },
+    { "key", d.key and show(d.key, 200) or "-" },
+    { "created (UTC)", fmt_time(d.created_at) }, { "run at (UTC)", fmt_time(d.run_at) },
+    { "run", fmt_due(d, now) },
+    { "lease expires", d.lease_expires_at and fmt_time(d.lease_expires_at) or "-" },
+  }
+  print_table({ "FIELD", "VALUE" }, rows, { "l", "l" })
+  io.stdout:write("last error:", d.last_error and "\n" or " -\n")
+  for line in (d.last_error or ""):gmatch("[^\n]+") do io.stdout:write("  ", show(line), "\n") end
+  io.stdout:write("payload:\n  ", d.payload_error and show(d.payload_error, nil, true) or json_text(d.payload), "\n")
   return EXIT_OK
 end
 

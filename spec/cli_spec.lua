@@ -483,6 +483,10 @@ describe("the command", function()
       { "pause" }, { "pause", "" }, { "pause", "a", "b" }, { "pause", "a", "--json" },
       { "resume" }, { "resume", "" }, { "resume", "a", "b" }, { "paused", "x" },
       { "paused", "--json", "--json" },
+      { "cancel" }, { "cancel", "" }, { "cancel", "1", "2" }, { "cancel", "1", "--json" },
+      { "show" }, { "show", "" }, { "show", "1", "2" }, { "show", "1", "--status", "x" },
+      { "kick", "--topic", "a" }, { "kick", "1", "--topic", "a" }, { "kick", "--buried", "--topic", "" },
+      { "purge", "--cancelled" },
     }
 
     it("every usage error exits 2 with one line on stderr and writes nothing", function()
@@ -504,6 +508,51 @@ describe("the command", function()
       end
       local store = assert(relaybus.open(url))
       assert.equal(0, (H.total(store)))
+      store:close()
+    end)
+
+    it("show, cancel and kick --buried --topic: what they print, and what the store keeps", function()
+      local url = sqlite_url()
+      local function run(want, ...)
+        local a = { ... }
+        a[#a + 1] = "--store=" .. url
+        local code, out, err = cmd(a)
+        assert.equal(want, code, err)
+        return out, err
+      end
+      run(0, "migrate")
+      local id = (run(0, "enqueue", "mail", '{"to":"a\\u001b"}')):gsub("%s+$", "")
+      local out = run(0, "show", id)
+      assert.matches("status%s+pending\n", out)
+      assert.matches("payload:\n  {\"to\":\"a\\u001b\"}\n$", out)
+      local rec = relaybus.json.decode((run(0, "show", id, "--json")))
+      assert.equal(id, rec.id)
+      assert.equal("a\27", rec.payload.to)
+      assert.equal("cancelled " .. id .. "\n", (run(0, "cancel", id)))
+      local _, err = run(1, "cancel", id)
+      assert.equal("relaybus: cancel: delivery " .. id .. " is not pending or processing, or does not exist\n", err)
+      assert.matches("status%s+cancelled\n", (run(0, "show", id)))
+      assert.matches("last error:\n  cancelled\n", (run(0, "show", id)))
+      _, err = run(1, "show", "424242")
+      assert.equal("relaybus: show: no delivery 424242\n", err)
+      -- a buried delivery of each of two topics: --topic kicks one
+      local store = assert(relaybus.open(url))
+      local d = H.dispatcher(store)
+      local stop = H.stopper(d)
+      local n = 0
+      for _, t in ipairs { "a", "b" } do
+        store:enqueue(t, {}, { max_attempts = 1 })
+        d:handle(t, function() n = n + 1; if n == 2 then stop() end; error("no\nsecond line") end)
+      end
+      assert.is_true(H.run(d, 10))
+      assert.truthy(H.poll(function() return store:stats().buried == 2 end, 5))
+      assert.equal("1\n", (run(0, "kick", "--buried", "--topic", "a")))
+      assert.equal(1, store:stats().buried)
+      assert.equal("0\n", (run(0, "kick", "--buried", "--topic", "a")))
+      local b = store:list { status = "buried" }[1]
+      assert.equal("b", b.topic)
+      assert.matches("last error:\n  [^\n]*no\n  second line\n", (run(0, "show", b.id)))
+      assert.equal("1\n", (run(0, "purge", "--cancelled", "--older-than", "0")))
       store:close()
     end)
 
