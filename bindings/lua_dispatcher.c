@@ -6,6 +6,7 @@
  * when the run is aborted and when it has settled; we tell it when the handler ended. */
 #include <math.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include "internal.h"
 #include "util/list.h"
@@ -264,6 +265,34 @@ static int l_ctx_extend_lease(lua_State *L)
         return rb_misuse(L, "extend_lease: duration must be a number of seconds from 0 (the "
                             "lease_duration) to 100 years");
     return ctx_settle(L, RB_OP_EXTEND, secs, NULL);
+}
+
+/* ctx:progress(value): a number or a table, stored as JSON on the delivery (its `progress`),
+ * fenced by the run's lease. true, or nil and "lease lost" / "aborted". */
+#define PROGRESS_MAX 65536
+static int l_ctx_progress(lua_State *L)
+{
+    lua_ctx *c = check_ctx(L);
+    int t = lua_type(L, 2);
+    if (t != LUA_TNUMBER && t != LUA_TTABLE)
+        return rb_misuse(L, "progress: expected a number or a table");
+    lua_settop(L, 2);
+    if (!rb_json_encode_as(L, 2, "progress"))
+        return rb_misuse(L, "progress: not JSON-encodable (%s)", lua_tostring(L, -1));
+    size_t n;
+    const char *json = lua_tolstring(L, -1, &n);
+    if (n > PROGRESS_MAX)
+        return rb_misuse(L, "progress: its JSON is %d bytes, more than %d", (int)(n > INT_MAX ? INT_MAX : n),
+                         PROGRESS_MAX);
+    if (!c->run) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "aborted");
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    rb_run_progress(c->run, json, on_settle_result, w);
+    return rb_await_finish(L, w);
 }
 
 /* ctx:sleep(s): as relaybus.sleep, and nil, "aborted" once the run is over. */
@@ -903,6 +932,7 @@ static const luaL_Reg dispatcher_methods[] = {
 static const luaL_Reg ctx_methods[] = {
     {"sleep", l_ctx_sleep},
     {"extend_lease", l_ctx_extend_lease},
+    {"progress", l_ctx_progress},
     {"reschedule", l_ctx_reschedule},
     {"bury", l_ctx_bury},
     {"release", l_ctx_release},

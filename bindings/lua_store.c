@@ -77,10 +77,19 @@ static void set_str(lua_State *L, const char *k, const char *v)
     lua_setfield(L, -2, k);
 }
 
+/* A JSON text of the history (progress, errors) as field k; text that is not JSON (a row
+ * written by hand) is left out. */
+static void set_json(lua_State *L, const char *k, const char *json)
+{
+    if (!json) return;
+    if (rb_json_decode(L, json, strlen(json))) lua_setfield(L, -2, k);
+    else lua_pop(L, 1);
+}
+
 void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d)
 {
     (void)m;
-    lua_createtable(L, 0, 13);
+    lua_createtable(L, 0, 16);
     set_str(L, "id", d->id);
     set_str(L, "topic", d->topic);
     set_str(L, "key", d->key);
@@ -95,6 +104,9 @@ void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d)
     set_num(L, "created_at", d->created_at);
     if (d->lease_expires_at > 0) set_num(L, "lease_expires_at", d->lease_expires_at);
     set_str(L, "last_error", d->last_error);
+    if (d->settled_at > 0) set_num(L, "settled_at", d->settled_at);
+    set_json(L, "progress", d->progress);
+    set_json(L, "errors", d->errors);
     if (d->payload) {
         if (rb_json_decode(L, d->payload, strlen(d->payload))) {
             lua_setfield(L, -2, "payload");

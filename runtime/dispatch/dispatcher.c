@@ -96,15 +96,22 @@ static void on_local_enqueue(void *ud)
     for (rb_dispatcher *d = dispatchers_on(s); d; d = d->next_on_store) rb_dispatcher_wake(d);
 }
 
-/* A cancel took the lease of the run of delivery id under token (NULL: whichever run of
- * it): that run, or a run parked behind it, stops (rb_store vtable cancel). */
+/* A cancel took the lease of the run of delivery id under token: that run stops, or, still
+ * waiting for a slot (claimed ahead, or parked behind an older run of the delivery), never
+ * starts (disp_run_start). A lease token is one claim's, so one run at most matches, and the
+ * walk ends there: the abort may resume the handler, which may end and free its run (the
+ * reference held keeps it alive until the abort is over). */
 static void on_local_cancel(void *ud, const char *id, const char *token)
 {
+    RB_ASSERT(id && token);
     for (rb_run *run = disp_active_find(ud, id); run; run = run->parked) {
-        if (token && (!run->rec->lease_token || strcmp(run->rec->lease_token, token) != 0))
-            continue;
-        if (run->state == RUN_RUNNING || run->state == RUN_BEGINNING)
+        if (!run->rec->lease_token || strcmp(run->rec->lease_token, token) != 0) continue;
+        if (run->state == RUN_WAITING || run->state == RUN_BEGINNING || run->state == RUN_RUNNING) {
+            run->refs++;
             disp_run_abort(run, RB_ABORT_CANCELLED);
+            disp_run_release_ref(run);
+        }
+        return;
     }
 }
 

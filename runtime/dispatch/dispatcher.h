@@ -182,6 +182,11 @@ void rb_run_finish(rb_run *run, int ok, const char *error);
 typedef void (*rb_run_settle_cb)(void *ud, const char *err, int applied);
 void rb_run_settle(rb_run *run, rb_settle_kind kind, double delay, const char *reason,
                    rb_run_settle_cb cb, void *ud);
+/* Stores `json` (JSON text) as the delivery's progress, fenced by the run's lease (inside the
+ * run's transaction on a store whose transactions hold it whole: seen at its commit).
+ * cb(ud, err, applied): applied 0 with "lease lost" when the lease is gone (the run is then
+ * aborted), "aborted" once the run has ended or been aborted. */
+void rb_run_progress(rb_run *run, const char *json, rb_run_settle_cb cb, void *ud);
 
 /* Grace between an abort and the interruption of Lua code that keeps running (s). */
 #define RB_ABORT_GRACE 0.1

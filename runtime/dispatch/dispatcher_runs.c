@@ -751,6 +751,13 @@ static void on_tx_begun(void *ud, const char *err, rb_tx *tx)
 void disp_run_start(rb_run *run)
 {
     rb_dispatcher *d = run->d;
+    if (run->aborted == RB_ABORT_CANCELLED) {
+        /* cancelled while it waited for its slot: it never starts, and its lease is gone */
+        disp_set_settling(run);
+        disp_set_outcome(run, RB_OUT_CANCELLED, NULL);
+        disp_run_settled(run);
+        return;
+    }
     if (rb_monotonic() >= run->lease_deadline) {
         /* Claimed too late to run (the answer came after the local deadline, or it was parked
          * until then): hand it back, fenced and without using an attempt. If the lease was

@@ -252,6 +252,47 @@ static void on_explicit_written(settle_req *r, const char *err)
     r->ucb(r->uud, NULL, 1);
 }
 
+typedef struct progress_req {
+    rb_run *run;
+    rb_run_settle_cb cb;
+    void *ud;
+} progress_req;
+
+static void on_progress_written(void *ud, const char *err, int64_t count)
+{
+    progress_req *p = ud;
+    rb_run *run = p->run;
+    if (!err && count == 0) {
+        err = "lease lost";
+        if (run->state == RUN_RUNNING) disp_run_lost(run);
+    }
+    p->cb(p->ud, err, !err);
+    free(p);
+    disp_run_release_ref(run);
+}
+
+void rb_run_progress(rb_run *run, const char *json, rb_run_settle_cb cb, void *ud)
+{
+    RB_ASSERT(json);
+    if (run->state != RUN_RUNNING || rb_run_check(run)) {
+        cb(ud, "aborted", 0);
+        return;
+    }
+    rb_store *s = run->store;
+    if (!s->vt->progress) {
+        cb(ud, "progress is not supported by this store", 0);
+        return;
+    }
+    progress_req *p = rb_malloc(sizeof *p);
+    if (!p) {
+        cb(ud, "out of memory", 0);
+        return;
+    }
+    *p = (progress_req){.run = run, .cb = cb, .ud = ud};
+    run->refs++;
+    s->vt->progress(s, run->tx, run->rec->id, run->rec->lease_token, json, on_progress_written, p);
+}
+
 void rb_run_settle(rb_run *run, rb_settle_kind kind, double delay, const char *reason,
                    rb_run_settle_cb cb, void *ud)
 {

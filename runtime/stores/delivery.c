@@ -16,11 +16,13 @@ static char *place(char **cursor, const char *s)
     return dst;
 }
 
-rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payload,
-                             const char *key, const char *last_error, const char *lease_token)
+rb_delivery *rb_delivery_with_history(const char *id, const char *topic, const char *payload,
+                                      const char *key, const char *last_error,
+                                      const char *lease_token, const char *progress,
+                                      const char *errors)
 {
     size_t extra = len0(id) + len0(topic) + len0(payload) + len0(key) + len0(last_error) +
-                   len0(lease_token);
+                   len0(lease_token) + len0(progress) + len0(errors);
     rb_delivery *d = rb_calloc(1, sizeof *d + extra);
     if (!d) return NULL;
     char *cur = (char *)(d + 1);
@@ -30,7 +32,15 @@ rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payl
     d->key = place(&cur, key);
     d->last_error = place(&cur, last_error);
     d->lease_token = place(&cur, lease_token);
+    d->progress = place(&cur, progress);
+    d->errors = place(&cur, errors);
     return d;
+}
+
+rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payload,
+                             const char *key, const char *last_error, const char *lease_token)
+{
+    return rb_delivery_with_history(id, topic, payload, key, last_error, lease_token, NULL, NULL);
 }
 
 void rb_delivery_free(rb_delivery *d) { free(d); }

@@ -19,6 +19,9 @@ typedef struct rb_delivery {
     char *key;              /* dedupe key or NULL */
     char *last_error;       /* or NULL */
     char *lease_token;      /* or NULL when not processing */
+    /* get and list only (claims leave them NULL and 0): */
+    char *progress;         /* JSON text a run stored with its progress, or NULL */
+    char *errors;           /* JSON array of the last attempts' errors, oldest first, or NULL */
     rb_status status;
     int attempts;
     int max_attempts;
@@ -26,14 +29,23 @@ typedef struct rb_delivery {
     double run_at;          /* epoch s */
     double created_at;      /* epoch s */
     double lease_expires_at;/* epoch s, 0 when none */
+    double settled_at;      /* epoch s of completion, burial or cancel; 0 while live (get, list) */
     /* Claims only: monotonic s at which the store began this lease, when it knows it (a store
      * on this host, after waiting for a lock); 0 otherwise. */
     double claimed_at;
 } rb_delivery;
 
+/* How many of the last attempts' errors a delivery keeps (rb_delivery.errors). */
+#define RB_ERRORS_KEPT 10
+
 /* Builds a record; string arguments are copied (NULL stays NULL). */
 rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payload,
                              const char *key, const char *last_error, const char *lease_token);
+/* As rb_delivery_new, with the history that get and list read too. */
+rb_delivery *rb_delivery_with_history(const char *id, const char *topic, const char *payload,
+                                      const char *key, const char *last_error,
+                                      const char *lease_token, const char *progress,
+                                      const char *errors);
 void rb_delivery_free(rb_delivery *d);
 void rb_delivery_list_free(rb_delivery **list, size_t n);
 

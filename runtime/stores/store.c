@@ -193,7 +193,7 @@ void rb_store_notify_local(rb_store *s)
 
 void rb_store_cancelled(rb_store *s, const char *id, const char *token)
 {
-    if (s->local_cancelled && id) s->local_cancelled(s->local_wakeup_ud, id, token);
+    if (s->local_cancelled && id && token) s->local_cancelled(s->local_wakeup_ud, id, token);
 }
 
 void rb_rowset_free(rb_rowset *rs)

@@ -300,6 +300,12 @@ typedef struct rb_store_vtable {
     void (*begin_leased)(rb_store *s, rb_settle_op *lease, rb_tx_cb cb, void *ud);
     int (*tx_holds)(rb_tx *tx);
 
+    /* Optional (NULL: no progress here). Stores `json` (JSON text) as the progress of delivery
+     * `id`, fenced as a settle: only while it is processing under `token`. `tx`: the run's
+     * transaction, or NULL; a store whose transactions hold it whole (SQLite) writes inside
+     * it, the others apart at once. count: 1 when written, 0 when the lease is gone. */
+    void (*progress)(rb_store *s, rb_tx *tx, const char *id, const char *token,
+                     const char *json, rb_count_cb cb, void *ud);
     /* Optional (NULL: the store cannot pause). Pauses (paused 1) or resumes (0) `topic`,
      * durably, for every process on the store: no claim takes a delivery of a paused topic.
      * count: 1 when the topic's state
@@ -318,7 +324,7 @@ struct rb_store {
     /* In-process wake-up: enqueue calls it so a local dispatcher starts at once. */
     void (*local_wakeup)(void *ud);
     void *local_wakeup_ud;
-    /* The run of delivery `id` under lease `token` (NULL: whichever run of it) was cancelled:
+    /* The run of delivery `id` under lease `token` was cancelled:
      * the dispatcher layer aborts it. Called through rb_store_cancelled. */
     void (*local_cancelled)(void *ud, const char *id, const char *token);
     /* The dispatcher layer's state for the dispatchers on this store (dispatch/
@@ -372,7 +378,8 @@ void rb_tune_malloc(void);
 int rb_valid_identifier(const char *name);          /* [A-Za-z_][A-Za-z0-9_]{0,62} */
 void rb_random_token(char out[33]);                 /* 128 random bits, hex */
 void rb_store_notify_local(rb_store *s);            /* call after a commit that added deliveries */
-/* call when a cancel took delivery `id` out of processing (token: the lease it took, or NULL) */
+/* call when a cancel took delivery `id` (as the store writes ids) out of processing, under
+ * lease `token` */
 void rb_store_cancelled(rb_store *s, const char *id, const char *token);
 
 #endif

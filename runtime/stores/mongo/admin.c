@@ -382,8 +382,9 @@ static void purge_work(mjob *j, mongoc_client_t *c)
 
 /* The operator's bury or cancel one (status "buried", "cancelled") and remove one settled
  * (status "remove"): one document by id, when its status allows, through the same versioned
- * write as every other change. */
-static void one_work(mjob *j, mongoc_client_t *c)
+ * write as every other change. 0 when that write lost to another change of the document (a
+ * renewal, a claim) made between the read and the write: the caller reads it again. */
+static int one_round(mjob *j, mongoc_client_t *c)
 {
     count_job *q = (count_job *)j;
     int bury = strcmp(q->status, "remove") != 0;
@@ -393,30 +394,47 @@ static void one_work(mjob *j, mongoc_client_t *c)
     bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;
     mongoc_collection_destroy(cl);
     bson_destroy(sel);
-    if (!d) return;
+    if (!d) return 1;
     const char *st = mg_doc_str(d, "status");
     int fits = st && (bury ? (!strcmp(st, "pending") || !strcmp(st, "processing"))
                            : (!strcmp(st, "completed") || !strcmp(st, "buried") ||
                               !strcmp(st, "cancelled")));
-    if (!fits) { bson_destroy(d); return; }
+    if (!fits) { bson_destroy(d); return 1; }
     double now = mg_now(j->s);
     if (!bury) {
         int64_t won = kick_docs(j, c, &d, 1, 1, now);
         if (d) bson_destroy(d);
         if (won > 0) q->count = won;
-        return;
+        return 1;
     }
     cas_op op;
     memset(&op, 0, sizeof op);
     mg_cas_init(j->s, &op, d, "d", mg_upd_end_live(d, q->status, q->reason, now));
-    if (mg_cas_run(j, c, j->s->base.table, &op, 1, now) == 0 && op.won) {
-        q->count = 1;
-        const char *token = mg_doc_str(d, "lease_token");
-        if (!strcmp(st, "processing") && token && !(q->token = rb_strdup(token)))
-            mg_fail(j, "out of memory");
+    int done = 1;
+    if (mg_cas_run(j, c, j->s->base.table, &op, 1, now) == 0) {
+        done = op.won;
+        if (op.won) {
+            q->count = 1;
+            const char *token = mg_doc_str(d, "lease_token");
+            char hex[25];
+            /* the dispatchers know the id as the store writes it (lower-case hex) */
+            if (!strcmp(st, "processing") && token && mg_doc_oid(d, hex)) {
+                free(q->id);
+                q->id = rb_strdup(hex);
+                q->token = rb_strdup(token);
+                if (!q->id || !q->token) mg_fail(j, "out of memory");
+            }
+        }
     }
     mg_cas_clear(&op);
     bson_destroy(d);
+    return done;
+}
+
+#define ONE_ROUNDS 10
+static void one_work(mjob *j, mongoc_client_t *c)
+{
+    for (int round = 0; round < ONE_ROUNDS && !one_round(j, c); round++) {}
 }
 
 static void count_done(mjob *j, const char *err)

@@ -215,12 +215,17 @@ static double time_field(const PGresult *r, int i, int col)
     return isfinite(x) ? x : 0;
 }
 
+/* A row of COLS, or of RECORD_COLS (the history too: 16 columns). */
 rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
 {
     if (PQnfields(r) < 13 || i < 0 || i >= PQntuples(r)) return NULL;
-    rb_delivery *d = rb_delivery_new(val(r, i, 0), val(r, i, 1), val(r, i, 2), val(r, i, 3),
-                                      val(r, i, 4), val(r, i, 5));
+    int history = PQnfields(r) >= 16;
+    rb_delivery *d = rb_delivery_with_history(val(r, i, 0), val(r, i, 1), val(r, i, 2),
+                                              val(r, i, 3), val(r, i, 4), val(r, i, 5),
+                                              history ? val(r, i, 14) : NULL,
+                                              history ? val(r, i, 15) : NULL);
     if (!d) return NULL;
+    if (history) d->settled_at = time_field(r, i, 13);
     int st = rb_status_parse(val(r, i, 6));
     d->status = st < 0 ? RB_PENDING : (rb_status)st;
     d->attempts = int_field(r, i, 7);
@@ -755,6 +760,7 @@ static void store_free(pg_store *s)
     free(s->sql_list_page);
     free(s->sql_bury_one);
     free(s->sql_cancel_one);
+    free(s->sql_progress);
     free(s->sql_delete_one);
     free(s->sql_topic_stats);
     free(s->sql_pending_topics);
@@ -813,6 +819,7 @@ static int build_sql(pg_store *s, const char *schema)
            (s->sql_list_page = Q(rb_pg_sql_list_page)) &&
            (s->sql_bury_one = Q(rb_pg_sql_bury_one)) &&
            (s->sql_cancel_one = Q(rb_pg_sql_cancel_one)) &&
+           (s->sql_progress = Q(rb_pg_sql_progress)) &&
            (s->sql_delete_one = Q(rb_pg_sql_delete_one)) &&
            (s->sql_topic_stats = Q(rb_pg_sql_topic_stats)) &&
            (s->sql_pending_topics = Q(rb_pg_sql_pending_topics)) &&
@@ -900,6 +907,22 @@ static void pg_cancel(rb_store *bs, const char *id, const char *reason, rb_count
     op_submit_now(s, op);
 }
 
+static void pg_progress(rb_store *bs, rb_tx *tx, const char *id, const char *token,
+                        const char *json, rb_count_cb cb, void *ud)
+{
+    (void)tx;       /* written apart, at once: the run's transaction holds no lock on the row */
+    pg_store *s = (pg_store *)bs;
+    if (!valid_id(id)) { cb(ud, NULL, 0); return; }
+    pg_op *op = op_adhoc(s, s->sql_progress, 3, pg_count_done, ud);
+    if (!op || !pg_op_param(op, 0, id) || !pg_op_param(op, 1, token) || !pg_op_param(op, 2, json)) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
 static void pg_remove(rb_store *bs, const char *id, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
@@ -941,6 +964,7 @@ static const rb_store_vtable pg_vtable = {
     .pending_topics = pg_pending_topics,
     .bury = pg_bury,
     .cancel = pg_cancel,
+    .progress = pg_progress,
     .remove = pg_remove,
     .purge = pg_purge,
     .lease = pg_lease,

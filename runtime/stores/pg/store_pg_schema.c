@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <libpq-fe.h>
+#include "stores/delivery.h"
 #include "stores/pg/store_pg_schema.h"
 #include "util/alloc.h"
 #include "util/text.h"
@@ -20,6 +21,8 @@
 #define COLS "id::text AS id_text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
     "max_attempts, fence, date_part('epoch', run_at), " \
     "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
+/* get and list read the history too (the claim's rows do not carry it) */
+#define RECORD_COLS COLS ", coalesce(date_part('epoch', settled_at), 0), progress::text, errors::text"
 #define LIVE "status IN ('pending', 'processing')"
 
 /* The fenced writes of a settle batch inside "@T_claim", from its five arrays of one length:
@@ -30,7 +33,7 @@
  * whatever the join order, and the status compared with the variable `processing` (a
  * parameter in the cached plan) cannot prove the predicate of the partial "@T_due", so the
  * planner cannot walk all of it for the ids (its second column). */
-#define SETTLE \
+#define SETTLE(EXTRA) \
     "WITH o AS (SELECT * FROM unnest(s_id, s_token, s_kind, s_delay, s_error)" \
     "  WITH ORDINALITY AS o(id, tok, kind, dl, err, ord))" \
     " UPDATE \"@T\" AS d SET" \
@@ -41,7 +44,7 @@
     "   ELSE d.run_at END," \
     "  last_error = CASE WHEN o.kind IN (1, 2) THEN coalesce(o.err, d.last_error)" \
     "   ELSE d.last_error END," \
-    "  lease_token = CASE WHEN o.kind = 4 THEN d.lease_token END," \
+    "  lease_token = CASE WHEN o.kind = 4 THEN d.lease_token END," EXTRA \
     /* an extension never shortens the lease */ \
     "  lease_expires_at = CASE WHEN o.kind = 4 THEN greatest(d.lease_expires_at," \
     "   now() + o.dl * interval '1 second') END," \
@@ -49,9 +52,21 @@
     " FROM o WHERE d.id = o.id AND d.id = ANY(s_id) AND d.status = processing" \
     "  AND d.lease_token = o.tok"
 
+/* A failed attempt's error joins the row's `errors` (schema 10), the last RB_ERRORS_KEPT of
+ * them, oldest first: an extra SET clause of SETTLE. */
+#define ERRORS_ADD \
+    "  errors = CASE WHEN o.kind IN (1, 2) AND o.err IS NOT NULL THEN" \
+    "   (CASE WHEN jsonb_array_length(coalesce(d.errors, '[]')) >= " TEXT_OF(RB_ERRORS_KEPT) \
+    "    THEN d.errors - 0 ELSE coalesce(d.errors, '[]') END) || jsonb_build_array(" \
+    "    jsonb_build_object('attempt', d.attempts, 'at', date_part('epoch', now()), 'error', o.err))" \
+    "   ELSE d.errors END,"
+#define TEXT_OF_(x) #x
+#define TEXT_OF(x) TEXT_OF_(x)
+
 /* The claim function of migration 7 (its comment there says what it does); 9 makes it again
- * with the pause: DECL declares, START runs before the settles and the claim. */
-#define CLAIM_FUNCTION(DECL, START) \
+ * with the pause, 10 with the errors: DECL declares, START runs before the settles and the
+ * claim, SETTLE_EXTRA adds to the settles' SET. */
+#define CLAIM_FUNCTION(DECL, START, SETTLE_EXTRA) \
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8," \
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[]," \
     " s_error text[], p_next boolean, p_tell_wait boolean) RETURNS TABLE (c_id text," \
@@ -90,7 +105,7 @@
     "  END IF;\n" \
     START \
     "  IF coalesce(array_length(s_id, 1), 0) > 0 THEN\n" \
-    "    RETURN QUERY WITH w AS (" SETTLE \
+    "    RETURN QUERY WITH w AS (" SETTLE(SETTLE_EXTRA) \
     "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)" \
     "    SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
     "     NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::float8," \
@@ -131,6 +146,17 @@
     "  END IF;\n" \
     "END\n" \
     "$f$;\n"
+
+/* The claim's pause (schema 9): the paused topics among those asked for are left out. */
+#define PAUSED_DECL " paused text[];\n"
+#define PAUSED_START \
+    "  IF p_limit > 0 THEN\n" \
+    "    paused := ARRAY(SELECT t.topic FROM \"@T_topics\" t WHERE t.topic = ANY(p_topics)" \
+    " AND t.paused_at IS NOT NULL);\n" \
+    "    IF cardinality(paused) > 0 THEN\n" \
+    "      p_topics := ARRAY(SELECT x FROM unnest(p_topics) AS x WHERE x <> ALL(paused));\n" \
+    "    END IF;\n" \
+    "  END IF;\n"
 
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
@@ -265,7 +291,7 @@ static const char *const migrations[] = {
      * single claim in flight would only halve what still gets claimed.
      * The setting is parsed strictly (ASCII digits, spaces around): anything else counts as
      * the default, so no value can make the cast fail every claim. */
-    CLAIM_FUNCTION("", "")
+    CLAIM_FUNCTION("", "", "")
     /* The arguments of 6 (p_next, no p_tell_wait) and of 3 to 5, which an older relaybus
      * calls: the same function, without the rows they do not know. */
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
@@ -324,25 +350,22 @@ static const char *const migrations[] = {
      * (the one function that every relaybus's claims and settles reach) takes nothing of a
      * paused topic: it claims from the others alone. */
     "CREATE TABLE IF NOT EXISTS \"@T_topics\" (topic text PRIMARY KEY, paused_at timestamptz);\n"
-    CLAIM_FUNCTION(" paused text[];\n",
-        "  IF p_limit > 0 THEN\n"
-        "    paused := ARRAY(SELECT t.topic FROM \"@T_topics\" t WHERE t.topic = ANY(p_topics)"
-        " AND t.paused_at IS NOT NULL);\n"
-        "    IF cardinality(paused) > 0 THEN\n"
-        "      p_topics := ARRAY(SELECT x FROM unnest(p_topics) AS x WHERE x <> ALL(paused));\n"
-        "    END IF;\n"
-        "  END IF;\n")
+    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, "")
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
-    /* 10: the status cancelled. The CHECK that allows it replaces the one of four statuses;
-     * NOT VALID: every row meets the old one, so it meets this one, without a scan. (Dropping
-     * the old one takes the table's ACCESS EXCLUSIVE lock for a moment, once.) */
+    /* 10: the status cancelled. The CHECK that allows it replaces the one of four statuses
+     * that migration 1 wrote (a CHECK of the user's is left alone); NOT VALID: every row meets
+     * the old one, so it meets this one, without a scan. Dropping the old one and adding the
+     * columns take the table's ACCESS EXCLUSIVE lock for a moment, once: waited for 10 s at
+     * most (behind a long transaction every claim would queue behind the wait), then the open
+     * fails and may be tried again. */
+    "SET LOCAL lock_timeout = '10s';\n"
     "DO $m$\n"
     "DECLARE c record;\n"
     "BEGIN\n"
     "  FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = '\"@T\"'::regclass"
-    "   AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%'"
-    "   AND pg_get_constraintdef(oid) NOT LIKE '%cancelled%' LOOP\n"
+    "   AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%(status = ANY (ARRAY[''pending''::text,"
+    " ''processing''::text, ''completed''::text, ''buried''::text]))%' LOOP\n"
     "    EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', '\"@T\"'::regclass, c.conname);\n"
     "  END LOOP;\n"
     "  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '\"@T\"'::regclass"
@@ -351,7 +374,14 @@ static const char *const migrations[] = {
     " 'buried', 'cancelled')) NOT VALID;\n"
     "  END IF;\n"
     "END\n"
-    "$m$;\n",
+    "$m$;\n"
+    /* ... a run's progress and the last attempts' errors, which the claim function's
+     * settles now keep */
+    "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS progress jsonb,"
+    " ADD COLUMN IF NOT EXISTS errors jsonb;\n"
+    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD)
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -366,7 +396,7 @@ const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"
                   " 0::float8, NULL::text, $1::bigint[], $2::text[], $3::integer[], $4::float8[],"
                   " $5::text[], false, false)",
-    [ST_GET] = "SELECT " COLS " FROM \"@T\" WHERE id = $1::bigint",
+    [ST_GET] = "SELECT " RECORD_COLS " FROM \"@T\" WHERE id = $1::bigint",
     [ST_LACQ] =
         "INSERT INTO \"@T_leases\" AS l (name, token, expires_at)"
         " VALUES ($1::text, $2::text, now() + $3::float8 * interval '1 second')"
@@ -381,10 +411,10 @@ const char *const rb_pg_stmt_templates[ST_COUNT] = {
 };
 
 const char rb_pg_sql_list[] =
-    "SELECT " COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
+    "SELECT " RECORD_COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
     " AND ($2::text IS NULL OR topic = $2::text) ORDER BY id LIMIT $3::bigint";
 const char rb_pg_sql_list_page[] =
-    "SELECT " COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
+    "SELECT " RECORD_COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
     " AND ($2::text IS NULL OR topic = $2::text) AND ($4::bigint IS NULL OR id < $4::bigint)"
     " ORDER BY id DESC LIMIT $3::bigint";
 /* A running delivery's lease loses its token (the run's later writes are refused) and keeps
@@ -394,6 +424,10 @@ const char rb_pg_sql_bury_one[] =
     "UPDATE \"@T\" SET status = 'buried', settled_at = now(), last_error = $2::text,"
     " lease_token = NULL"
     " WHERE id = $1::bigint AND status IN ('pending','processing')";
+/* A run's progress ($3, JSON), fenced as a settle */
+const char rb_pg_sql_progress[] =
+    "UPDATE \"@T\" SET progress = $3::jsonb WHERE id = $1::bigint AND status = 'processing'"
+    " AND lease_token = $2::text";
 const char rb_pg_sql_delete_one[] =
     "DELETE FROM \"@T\" WHERE id = $1::bigint AND status IN ('completed','buried','cancelled')";
 /* As bury_one, to cancelled; the run it took the lease of ($1 the id, tok its token) is told

@@ -292,14 +292,19 @@ static const char *col_text(sqlite3_stmt *st, int i)
 static int clamp_int(sqlite3_int64 v) { return v > INT_MAX ? INT_MAX : v < INT_MIN ? INT_MIN : (int)v; }
 
 /* Builds a record from a row in COLS order. */
+/* A row of COLS, or of RECORD_COLS (the history too). */
 static rb_delivery *read_delivery(sqlite3_stmt *st)
 {
     char id[24];
     snprintf(id, sizeof id, "%lld", (long long)sqlite3_column_int64(st, 0));
     const char *topic = col_text(st, 1), *payload = col_text(st, 2);
-    rb_delivery *d = rb_delivery_new(id, topic ? topic : "", payload ? payload : "null",
-                                     col_text(st, 3), col_text(st, 12), col_text(st, 10));
+    int history = sqlite3_column_count(st) >= 16;
+    rb_delivery *d = rb_delivery_with_history(id, topic ? topic : "", payload ? payload : "null",
+                                              col_text(st, 3), col_text(st, 12), col_text(st, 10),
+                                              history ? col_text(st, 14) : NULL,
+                                              history ? col_text(st, 15) : NULL);
     if (!d) return NULL;
+    if (history) d->settled_at = sqlite3_column_double(st, 13);
     const char *status = col_text(st, 4);
     int code = rb_status_parse(status);
     d->status = code < 0 ? RB_BURIED : (rb_status)code;
@@ -613,6 +618,26 @@ static job_rc run_settle(rb_sqlite *s, job *j)
     return conclude(j, rc, 1);
 }
 
+/* A run's progress: in the run's transaction when it has one (it holds the file's one write
+ * lock, so nothing else could be written before its end), else on its own. */
+static job_rc run_progress(rb_sqlite *s, job *j)
+{
+    sqlite3_int64 id;
+    j->count = 0;
+    if (j->tx && tx_gone(s, j)) return JOB_DONE;
+    if (!parse_id(j->id, &id)) return JOB_DONE;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_PROGRESS, &st);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(st, 2, id);
+        bind_text(st, 3, j->token);
+        bind_text(st, 4, j->sql);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    return conclude(j, rc, 1);
+}
+
 /* --- reads: get, list, stats ------------------------------------------------------------ */
 static job_rc run_get(rb_sqlite *s, job *j)
 {
@@ -638,7 +663,7 @@ static void list_sql(const job *j, char *sql, size_t cap)
         hint = " AND status IN ('completed','buried')";
     else if (j->status && !strcmp(j->status, "cancelled"))
         hint = " AND status = 'cancelled'";
-    snprintf(sql, cap, "SELECT " COLS " FROM \"{t}\" WHERE 1%s%s%s%s ORDER BY id%s LIMIT ?3",
+    snprintf(sql, cap, "SELECT " RECORD_COLS " FROM \"{t}\" WHERE 1%s%s%s%s ORDER BY id%s LIMIT ?3",
              hint, j->status ? " AND status = ?1" : "", j->topic ? " AND topic = ?2" : "",
              j->newest && j->after ? " AND id < ?4" : "", j->newest ? " DESC" : "");
 }
@@ -741,6 +766,12 @@ static job_rc run_one(rb_sqlite *s, job *j)
     sqlite3_int64 id = 0;
     j->count = 0;
     if (!parse_id(j->id, &id)) return JOB_DONE;
+    if (j->which == ONE_CANCEL) {
+        /* the dispatchers know the id as the store writes it ("12", not "+12" or "012") */
+        char canonical[24];
+        snprintf(canonical, sizeof canonical, "%lld", (long long)id);
+        if (!(j->id = keep(j, canonical))) return conclude(j, SQLITE_NOMEM, 0);
+    }
     int rc = scope_begin(s, j);
     if (rc == SQLITE_OK && j->which == ONE_CANCEL) rc = cancelled_lease(s, j, id);
     sqlite3_stmt *st;
@@ -1253,6 +1284,7 @@ static void report_one(job *j, const char *err)
 }
 
 static const job_type T_ONE = {run_one, report_one};
+static const job_type T_PROGRESS = {run_progress, report_count};
 static const job_type T_TOPIC_STATS = {run_topic_stats, report_rows};
 static const job_type T_PENDING_TOPICS = {run_pending_topics, report_rows};
 static const job_type T_PAUSE = {run_pause, report_count};
@@ -1641,6 +1673,19 @@ static void sq_bury(rb_store *base, const char *id, const char *reason, rb_count
     one_op(base, ONE_BURY, id, reason, cb, ud);
 }
 
+static void sq_progress(rb_store *base, rb_tx *tx, const char *id, const char *token,
+                        const char *json, rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, tx, &T_PROGRESS, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->id = keep(j, id);
+    j->token = keep(j, token);
+    j->sql = keep(j, json);     /* (the text to store) */
+    submit(s, j);
+}
+
 static void sq_cancel(rb_store *base, const char *id, const char *reason, rb_count_cb cb, void *ud)
 {
     one_op(base, ONE_CANCEL, id, reason, cb, ud);
@@ -1831,6 +1876,7 @@ static const rb_store_vtable sqlite_vt = {
     .pending_topics = sq_pending_topics,
     .bury = sq_bury,
     .cancel = sq_cancel,
+    .progress = sq_progress,
     .remove = sq_remove,
     .lease = sq_lease,
     .begin = sq_begin,

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include "stores/delivery.h"
 #include "stores/sqlite/store_sqlite_schema.h"
 #include "util/alloc.h"
 #include "util/text.h"
@@ -57,9 +58,12 @@ static const char *const migrations[SCHEMA_VERSION] = {
     /* 3: what operators set per topic, for every process on the file: a pause */
     "CREATE TABLE IF NOT EXISTS \"{t}_topics\" ("
     " topic TEXT PRIMARY KEY, paused_at REAL);",
-    /* 4: the status cancelled (its CHECK: see current_check), purged through its own index */
+    /* 4: the status cancelled (its CHECK: see current_check), purged through its own index;
+     * a run's progress (JSON) and the last attempts' errors (a JSON array) */
     "CREATE INDEX IF NOT EXISTS \"{t}_cancelled\" ON \"{t}\" (settled_at)"
-    " WHERE status = 'cancelled';",
+    " WHERE status = 'cancelled';"
+    "ALTER TABLE \"{t}\" ADD COLUMN progress TEXT;"
+    "ALTER TABLE \"{t}\" ADD COLUMN errors TEXT;",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
@@ -84,6 +88,15 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " lease_boot = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN NULL ELSE lease_boot END," \
     " lease_until = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN NULL ELSE lease_until END"
 
+#define TEXT_OF_(x) #x
+#define TEXT_OF(x) TEXT_OF_(x)
+/* A failed attempt's error (?5, when there is one, at ?1) joins the row's `errors`, the last
+ * ERRORS_KEPT of them, oldest first. */
+#define ERRORS_ADD " errors = CASE WHEN ?5 IS NULL THEN errors ELSE json_insert(" \
+    "CASE WHEN json_array_length(coalesce(errors, '[]')) >= " TEXT_OF(RB_ERRORS_KEPT) \
+    " THEN json_remove(errors, '$[0]') ELSE coalesce(errors, '[]') END, '$[#]'," \
+    " json_object('attempt', attempts, 'at', ?1, 'error', ?5)) END,"
+
 const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_ENQ_FIND] = "SELECT id FROM \"{t}\" WHERE key IS NOT NULL"
         " AND status IN ('pending','processing') AND topic = ?1 AND key = ?2 ORDER BY id LIMIT 1",
@@ -96,16 +109,18 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " lease_until = ?5 WHERE id = ?3",
     [ST_COMPLETE] = "UPDATE \"{t}\" SET status = 'completed', settled_at = ?1," NO_LEASE FENCED,
     [ST_RESCHEDULE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
-        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
+        " last_error = COALESCE(?5, last_error)," ERRORS_ADD NO_LEASE FENCED,
     [ST_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
-        " last_error = COALESCE(?5, last_error)," NO_LEASE FENCED,
+        " last_error = COALESCE(?5, last_error)," ERRORS_ADD NO_LEASE FENCED,
     [ST_RELEASE] = "UPDATE \"{t}\" SET status = 'pending', run_at = ?1 + ?4,"
         " attempts = MAX(attempts - 1, 0)," NO_LEASE FENCED,
     /* an extension never shortens the lease */
     [ST_EXTEND] = "UPDATE \"{t}\" SET lease_expires_at = MAX(COALESCE(lease_expires_at, 0), ?1 + ?4),"
         " lease_until = CASE WHEN lease_boot IS ?6 THEN MAX(COALESCE(lease_until, 0), ?7 + ?4)"
         " ELSE ?7 + ?4 END, lease_boot = ?6" FENCED,
-    [ST_GET] = "SELECT " COLS " FROM \"{t}\" WHERE id = ?1",
+    [ST_GET] = "SELECT " RECORD_COLS " FROM \"{t}\" WHERE id = ?1",
+    /* a run's progress (?4, JSON text), fenced as a settle */
+    [ST_PROGRESS] = "UPDATE \"{t}\" SET progress = ?4" FENCED,
     [ST_STATS] = "SELECT"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND status = 'pending'),"

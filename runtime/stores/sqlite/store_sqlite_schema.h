@@ -10,6 +10,8 @@
 /* Column order read by read_delivery. */
 #define COLS "id, topic, payload, key, status, attempts, max_attempts, fence, run_at, " \
              "created_at, lease_token, lease_expires_at, last_error"
+/* get and list read the history too (claims do not need it) */
+#define RECORD_COLS COLS ", settled_at, progress, errors"
 
 /* Prepared once per store, on first use. Settle statements share their parameter numbers:
  * ?1 now, ?2 id, ?3 token, ?4 delay, ?5 error, ?6 boot id, ?7 boot clock. Lease ones: ?1 name,
@@ -22,6 +24,7 @@ enum {
     ST_BURY_ONE, ST_DELETE_ONE, ST_TOPIC_STATS, ST_PENDING_TOPICS,
     ST_LEASE_ACQUIRE, ST_LEASE_EXTEND, ST_LEASE_RELEASE,
     ST_PAUSE, ST_RESUME, ST_PAUSED, ST_CANCEL_FIND, ST_CANCEL_ONE, ST_PURGE_CANCELLED,
+    ST_PROGRESS,
     ST_COUNT
 };
 
