@@ -108,12 +108,19 @@ rb_delivery *mg_record_from(const bson_t *d, const char *token)
     char hex[25];
     if (!mg_doc_oid(d, hex)) return NULL;
     char *payload = mg_payload_json(d);
-    rb_delivery *r = payload ? rb_delivery_new(hex, mg_doc_str(d, "topic"), payload,
-                                               mg_doc_str(d, "key"), mg_doc_str(d, "last_error"),
-                                               token ? token : mg_doc_str(d, "lease_token"))
+    char *progress = mg_json_field(d, "progress", "progress_format");
+    char *errors = mg_json_field(d, "errors", "errors_format");
+    rb_delivery *r = payload ? rb_delivery_with_history(hex, mg_doc_str(d, "topic"), payload,
+                                                        mg_doc_str(d, "key"),
+                                                        mg_doc_str(d, "last_error"),
+                                                        token ? token : mg_doc_str(d, "lease_token"),
+                                                        progress, errors)
                              : NULL;
     free(payload);
+    free(progress);
+    free(errors);
     if (!r) return NULL;
+    r->settled_at = doc_time(d, "settled_at");
     int st = rb_status_parse(mg_doc_str(d, "status"));
     r->status = st < 0 ? RB_PENDING : (rb_status)st;
     r->attempts = doc_count(d, "attempts");

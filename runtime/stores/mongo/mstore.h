@@ -133,6 +133,9 @@ rb_delivery *mg_record_from(const bson_t *d, const char *token);
 int mg_payload_append(bson_t *d, const char *json, int ferretdb, char *why, size_t whylen);
 /* A stored payload as JSON text (free() it): "null" when d has none; NULL out of memory. */
 char *mg_payload_json(const bson_t *d);
+int mg_json_append(bson_t *d, const char *key, const char *format_key, const char *json,
+                   int ferretdb);
+char *mg_json_field(const bson_t *d, const char *key, const char *format_key);
 int mg_parse_oid(const char *id, bson_oid_t *oid);
 bson_t *mg_oid_sel(const char *id, int *ok);
 char *mg_dedupe_value(const char *topic, const char *key);
@@ -154,6 +157,7 @@ bson_t *mg_upd_end_live(const bson_t *cur, const char *status, const char *error
 double mg_extended(const bson_t *cur, const char *field, double now, double s);
 int mg_holds_lease(const bson_t *d, const char *token);
 bson_t *mg_upd_settle(const bson_t *cur, const rb_settle_op *op, double now);
+int mg_settle_needs_doc(const rb_settle_op *op);   /* 1: mg_upd_settle needs the whole document */
 
 /* ---- tickets.c ---- */
 typedef struct cas_op {
@@ -260,6 +264,8 @@ void mg_paused(rb_store *st, rb_rows_cb cb, void *ud);
 int mg_split_paused(mjob *j, mongoc_client_t *c, char **topics, size_t *n, size_t *npaused);
 void mg_remove(rb_store *st, const char *id, rb_count_cb cb, void *ud);
 void mg_cancel(rb_store *st, const char *id, const char *reason, rb_count_cb cb, void *ud);
+void mg_progress(rb_store *st, rb_tx *tx, const char *id, const char *token, const char *json,
+                 rb_count_cb cb, void *ud);
 void mg_lease(rb_store *s, rb_lease_op op, const char *name, const char *token, double duration,
               rb_lease_cb cb, void *ud);
 void mg_begin(rb_store *st, rb_tx_cb cb, void *ud);

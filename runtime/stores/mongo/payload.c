@@ -90,6 +90,24 @@ static int big_integer(const json_error_t *e)
     return json_error_code(e) == json_error_numeric_overflow && strncmp(e->text, "too big", 7) == 0;
 }
 
+/* Appends the JSON text under `key` as BSON (its text, as a string, when it cannot be
+ * native) and says which under `format_key` ("bson" or "json"); 0 when it is not JSON. */
+int mg_json_append(bson_t *d, const char *key, const char *format_key, const char *json,
+                   int ferretdb)
+{
+    json_error_t e;
+    json_t *v = json_loads(json, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+    bson_t tmp = BSON_INITIALIZER;
+    int native = v && append_json(&tmp, key, strlen(key), v, NULL, 1, ferretdb);
+    json_decref(v);
+    if (native) bson_concat(d, &tmp);
+    bson_destroy(&tmp);
+    if (!native && !v && !big_integer(&e)) return 0;
+    if (!native) BSON_APPEND_UTF8(d, key, json);
+    BSON_APPEND_UTF8(d, format_key, native ? "bson" : "json");
+    return 1;
+}
+
 int mg_payload_append(bson_t *d, const char *json, int ferretdb, char *why, size_t whylen)
 {
     json_error_t e;
@@ -198,7 +216,16 @@ char *mg_payload_json(const bson_t *d)
 {
     bson_iter_t it;
     if (!bson_iter_init_find(&it, d, "payload")) return rb_strdup("null");
-    const char *fmt = mg_doc_str(d, "payload_format");
+    return mg_json_field(d, "payload", "payload_format");
+}
+
+/* The JSON text of field `key` (NULL when absent: the caller tells that from no memory by
+ * looking first), read as mg_json_append wrote it, or as BSON that any writer put there. */
+char *mg_json_field(const bson_t *d, const char *key, const char *format_key)
+{
+    bson_iter_t it;
+    if (!bson_iter_init_find(&it, d, key)) return NULL;
+    const char *fmt = mg_doc_str(d, format_key);
     if (BSON_ITER_HOLDS_UTF8(&it) && !(fmt && strcmp(fmt, "bson") == 0))
         return rb_strdup(bson_iter_utf8(&it, NULL));    /* the text form, older documents' too */
     jbuf b = {0};

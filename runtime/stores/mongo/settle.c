@@ -1,5 +1,6 @@
 /* settle.c -- the MongoDB store's settle: each op is a fenced write through a ticket (tickets.c),
- * and on FerretDB the version our claim cached (vcache.c) spares the read before it. */
+ * and on FerretDB the version our claim cached (vcache.c) spares the read before it. And a
+ * run's progress, fenced by its lease in one update. */
 #include <stdlib.h>
 #include <string.h>
 #include "stores/mongo/mstore.h"
@@ -37,6 +38,11 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
         int64_t g = -1;
         bson_t *sel = mg_oid_sel(round[i]->id, &ok);
         bson_t *d = ok ? mg_vc_doc(j->s, round[i]->id, round[i]->token, &g) : NULL;
+        if (d && mg_settle_needs_doc(round[i])) {
+            /* a failure's error joins the document's errors: that needs all of it */
+            bson_destroy(d);
+            d = NULL;
+        }
         if (ok && !d) d = mg_find_one(j, cl, sel, NULL, &failed);
         bson_destroy(sel);
         if (failed) r = -1;
@@ -169,4 +175,73 @@ void mg_settle(rb_store *st, rb_settle_op *ops, size_t n, rb_done_cb cb, void *u
     q->ops = ops;
     q->n = n;
     mg_submit(s, &q->j);
+}
+
+/* ---- progress ------------------------------------------------------------------------------ */
+typedef struct progress_job {
+    mjob j;
+    char *id, *token, *json;
+    int64_t written;
+} progress_job;
+
+/* One update whose filter is the lease: { _id, status processing, lease_token }. It leaves the
+ * document's version alone (the field is no settle's business, and the version cache of the
+ * run's claim stays right); on FerretDB 1.x, whose updates are no atomic compare-and-set, a
+ * progress racing a takeover may land after it, on the progress field alone. */
+static void progress_work(mjob *j, mongoc_client_t *c)
+{
+    progress_job *q = (progress_job *)j;
+    bson_oid_t oid;
+    if (!mg_parse_oid(q->id, &oid)) return;
+    bson_t *sel = BCON_NEW("_id", BCON_OID(&oid), "status", BCON_UTF8("processing"),
+                           "lease_token", BCON_UTF8(q->token));
+    bson_t upd = BSON_INITIALIZER, set;
+    BSON_APPEND_DOCUMENT_BEGIN(&upd, "$set", &set);
+    int ok = mg_json_append(&set, "progress", "progress_format", q->json, j->s->ferretdb);
+    bson_append_document_end(&upd, &set);
+    if (!ok) {
+        mg_fail(j, "progress: not JSON");
+    } else {
+        mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+        bson_t reply;
+        bson_error_t e;
+        if (mongoc_collection_update_one(cl, sel, &upd, NULL, &reply, &e))
+            q->written = mg_doc_int(&reply, "matchedCount") > 0;
+        else
+            mg_fail_bson(j, "progress", &e);
+        bson_destroy(&reply);
+        mongoc_collection_destroy(cl);
+    }
+    bson_destroy(&upd);
+    bson_destroy(sel);
+}
+
+static void progress_done(mjob *j, const char *err)
+{
+    progress_job *q = (progress_job *)j;
+    j->cb.count(j->ud, err, err ? 0 : q->written);
+    free(q->id);
+    free(q->token);
+    free(q->json);
+    free(q);
+}
+
+void mg_progress(rb_store *st, rb_tx *tx, const char *id, const char *token, const char *json,
+                 rb_count_cb cb, void *ud)
+{
+    (void)tx;       /* written apart, at once, like every fenced write here */
+    progress_job *q = mg_job_new((mstore *)st, sizeof *q, progress_work, progress_done,
+                                 (rb_store_cb){.count = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, 0);
+        return;
+    }
+    q->id = rb_strdup(id ? id : "");
+    q->token = rb_strdup(token ? token : "");
+    q->json = rb_strdup(json ? json : "null");
+    if (!q->id || !q->token || !q->json) {
+        progress_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
 }

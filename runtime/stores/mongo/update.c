@@ -1,5 +1,6 @@
 /* update.c -- the MongoDB store's filters and update documents that the operations share:
  * what "due" means, and the $set a delivery gets when it leaves `processing`. */
+#include <stdio.h>
 #include <string.h>
 #include "stores/mongo/mstore.h"
 
@@ -77,6 +78,59 @@ bson_t *mg_upd_with(bson_t *u, const char *field, const char *str, double num, i
     return n;
 }
 
+/* Adds to the update's $set the field `errors`: the last RB_ERRORS_KEPT - 1 entries of cur's
+ * and {attempt, at, error} of this failure, oldest first. cur must be the whole document (not
+ * the version cache's few fields). */
+static bson_t *upd_with_error(bson_t *u, const bson_t *cur, const char *error, double now)
+{
+    bson_iter_t it, sub;
+    uint32_t have = 0;
+    if (bson_iter_init_find(&it, cur, "errors") && BSON_ITER_HOLDS_ARRAY(&it) &&
+        bson_iter_recurse(&it, &sub))
+        while (bson_iter_next(&sub)) have++;
+    uint32_t skip = have >= RB_ERRORS_KEPT ? have - (RB_ERRORS_KEPT - 1) : 0, k = 0, i = 0;
+    bson_t *n = bson_new();
+    bson_iter_t top;
+    bson_iter_init(&top, u);
+    while (bson_iter_next(&top)) {
+        if (strcmp(bson_iter_key(&top), "$set") != 0) {
+            bson_append_iter(n, NULL, 0, &top);
+            continue;
+        }
+        bson_t set, old, arr, e;
+        uint32_t len;
+        const uint8_t *data;
+        bson_iter_document(&top, &len, &data);
+        bson_init_static(&old, data, len);
+        BSON_APPEND_DOCUMENT_BEGIN(n, "$set", &set);
+        bson_concat(&set, &old);
+        BSON_APPEND_ARRAY_BEGIN(&set, "errors", &arr);
+        if (have && bson_iter_init_find(&it, cur, "errors") && bson_iter_recurse(&it, &sub))
+            while (bson_iter_next(&sub))
+                if (i++ >= skip) {
+                    char key[16];
+                    snprintf(key, sizeof key, "%u", k++);
+                    bson_append_iter(&arr, key, -1, &sub);
+                }
+        char key[16];
+        snprintf(key, sizeof key, "%u", k);
+        BSON_APPEND_DOCUMENT_BEGIN(&arr, key, &e);
+        BSON_APPEND_INT64(&e, "attempt", mg_doc_int(cur, "attempts"));
+        BSON_APPEND_DOUBLE(&e, "at", now);
+        BSON_APPEND_UTF8(&e, "error", error);
+        bson_append_document_end(&arr, &e);
+        bson_append_array_end(&set, &arr);
+        bson_append_document_end(n, &set);
+    }
+    bson_destroy(u);
+    return n;
+}
+
+int mg_settle_needs_doc(const rb_settle_op *op)
+{
+    return (op->kind == RB_OP_RESCHEDULE || op->kind == RB_OP_BURY) && op->error;
+}
+
 bson_t *mg_upd_unset_dedupe(bson_t *u)
 {
     bson_t un;
@@ -123,11 +177,14 @@ bson_t *mg_upd_settle(const bson_t *cur, const rb_settle_op *op, double now)
     switch (op->kind) {
     case RB_OP_COMPLETE:
         return mg_upd_unset_dedupe(mg_upd_leave(cur, "completed", now));
-    case RB_OP_BURY:
-        return mg_upd_bury(cur, op->error, now);
+    case RB_OP_BURY: {
+        bson_t *u = mg_upd_bury(cur, op->error, now);
+        return op->error ? upd_with_error(u, cur, op->error, now) : u;
+    }
     case RB_OP_RESCHEDULE: {
         bson_t *u = mg_upd_with(mg_upd_leave(cur, "pending", now), "run_at", NULL, now + op->delay, 1);
-        return op->error ? mg_upd_with(u, "last_error", op->error, 0, 0) : u;
+        return op->error ? upd_with_error(mg_upd_with(u, "last_error", op->error, 0, 0), cur,
+                                          op->error, now) : u;
     }
     case RB_OP_RELEASE: {
         bson_t *u = mg_upd_with(mg_upd_leave(cur, "pending", now), "run_at", NULL, now + op->delay, 1);
