@@ -317,8 +317,9 @@ Options:
 HELP.show = [[
 Usage: relaybus show ID [--json]
 
-Prints delivery ID whole: its fields one a line, then its last error (line breaks kept, each
-line indented) and its payload as JSON. Control characters are shown as escapes (\x1b).
+Prints delivery ID whole: its fields one a line, then its last error and the errors of its
+last attempts with their times (line breaks kept, each line indented), and its payload as
+JSON. Control characters are shown as escapes (\x1b).
 --json prints its record as one JSON object instead. An ID with no delivery fails (exit 1).
 
 Options:
@@ -923,10 +924,21 @@ function commands.show(c)
     { "created (UTC)", fmt_time(d.created_at) }, { "run at (UTC)", fmt_time(d.run_at) },
     { "run", fmt_due(d, now) },
     { "lease expires", d.lease_expires_at and fmt_time(d.lease_expires_at) or "-" },
+    { "settled (UTC)", d.settled_at and fmt_time(d.settled_at) or "-" },
+    { "progress", d.progress ~= nil and show(json_text(d.progress), 200) or "-" },
   }
   print_table({ "FIELD", "VALUE" }, rows, { "l", "l" })
+  local function lines(text, indent)
+    for line in tostring(text):gmatch("[^\n]+") do io.stdout:write(indent, show(line), "\n") end
+  end
   io.stdout:write("last error:", d.last_error and "\n" or " -\n")
-  for line in (d.last_error or ""):gmatch("[^\n]+") do io.stdout:write("  ", show(line), "\n") end
+  lines(d.last_error or "", "  ")
+  local errors = type(d.errors) == "table" and d.errors or {}
+  io.stdout:write("errors of the last attempts:", #errors > 0 and "\n" or " -\n")
+  for _, e in ipairs(errors) do
+    io.stdout:write("  attempt ", fmt_int(e.attempt), ", ", fmt_time(tonumber(e.at)), " (UTC):\n")
+    lines(e.error or "", "    ")
+  end
   io.stdout:write("payload:\n  ", d.payload_error and show(d.payload_error, nil, true) or json_text(d.payload), "\n")
   return EXIT_OK
 end

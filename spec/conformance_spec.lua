@@ -318,8 +318,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
         H.fill(store, "ts.a", 1)
         local rows = assert(store:_topic_stats())
         assert.equal(2, #rows)
-        assert.same({ topic = "ts.a", pending = 1, processing = 0, completed = 0, buried = 0 }, rows[1])
-        assert.same({ topic = "ts.b", pending = 2, processing = 0, completed = 0, buried = 0 }, rows[2])
+        assert.same({ topic = "ts.a", pending = 1, processing = 0, completed = 0, buried = 0, cancelled = 0 }, rows[1])
+        assert.same({ topic = "ts.b", pending = 2, processing = 0, completed = 0, buried = 0, cancelled = 0 }, rows[2])
+        assert.is_true(assert(store:cancel(assert(store:list { topic = "ts.b" })[1].id)))
+        rows = assert(store:_topic_stats())
+        assert.same({ topic = "ts.b", pending = 1, processing = 0, completed = 0, buried = 0, cancelled = 1 }, rows[2])
       end)
     end)
 

@@ -327,6 +327,13 @@ static int token_ok(const rb_dashboard *d, const char *header)
 /* ---- JSON of deliveries and stats ------------------------------------------------------- */
 static json_t *time_or_null(double t) { return t > 0 && isfinite(t) ? json_real(t) : json_null(); }
 
+/* A JSON text the store keeps (progress, errors) as a value; null when absent or not JSON. */
+static json_t *stored_json(const char *text)
+{
+    json_t *v = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+    return v ? v : json_null();
+}
+
 static json_t *delivery_json(const rb_delivery *dv, int full)
 {
     json_t *o = json_object();
@@ -343,8 +350,13 @@ static json_t *delivery_json(const rb_delivery *dv, int full)
                         dv->status == RB_PROCESSING ? time_or_null(dv->lease_expires_at) : json_null());
     json_object_set_new(o, "key", jtext(dv->key));
     json_object_set_new(o, "last_error", jtext(dv->last_error));
-    /* The payload as stored, as text: the page pretty-prints it; numbers keep every digit. */
-    if (full) json_object_set_new(o, "payload", jtext(dv->payload));
+    json_object_set_new(o, "settled_at", time_or_null(dv->settled_at));
+    if (full) {
+        /* The payload as stored, as text: the page pretty-prints it; numbers keep every digit. */
+        json_object_set_new(o, "payload", jtext(dv->payload));
+        json_object_set_new(o, "progress", stored_json(dv->progress));
+        json_object_set_new(o, "errors", stored_json(dv->errors));
+    }
     return o;
 }
 

@@ -23,6 +23,7 @@
   function fmtTime(t) {
     if (t === null || t === undefined) return '–';
     var d = new Date(t * 1000);
+    if (isNaN(d.getTime())) return String(t);   // past the years a Date holds (a run_at of 1e300)
     return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
   }
   function fmtAge(s) {
@@ -183,7 +184,9 @@
       var d = r.body;
       var fields = [['topic', d.topic], ['status', d.status], ['attempts', d.attempts + ' of ' + d.max_attempts],
         ['fence', d.fence], ['run at', fmtTime(d.run_at)], ['created', fmtTime(d.created_at)],
-        ['lease expires', fmtTime(d.lease_expires_at)], ['key', d.key === null ? '–' : d.key],
+        ['lease expires', fmtTime(d.lease_expires_at)], ['settled', fmtTime(d.settled_at)],
+        ['key', d.key === null ? '–' : d.key],
+        ['progress', d.progress === null || d.progress === undefined ? '–' : JSON.stringify(d.progress)],
         ['last error', d.last_error === null ? '–' : d.last_error]];
       fields.forEach(function (f) {
         dl.appendChild(el('dt', f[0]));
@@ -192,6 +195,16 @@
         dl.appendChild(dd);
       });
       $('detail-payload').textContent = pretty(d.payload);
+      // each attempt's error with its time, oldest first; a stack trace keeps its lines
+      var errs = $('detail-errors');
+      clear(errs);
+      (Array.isArray(d.errors) ? d.errors : []).forEach(function (e) {
+        var li = el('li');
+        li.appendChild(el('span', 'attempt ' + e.attempt + ', ' + fmtTime(e.at), 'muted'));
+        li.appendChild(el('pre', String(e.error)));
+        errs.appendChild(li);
+      });
+      $('detail-errors-none').hidden = errs.children.length > 0;
       var live = d.status === 'pending' || d.status === 'processing';
       $('btn-kick').disabled = !(d.status === 'buried' || d.status === 'cancelled');
       $('btn-bury').disabled = !live;

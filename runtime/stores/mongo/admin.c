@@ -418,7 +418,8 @@ static int one_round(mjob *j, mongoc_client_t *c)
             const char *token = mg_doc_str(d, "lease_token");
             char hex[25];
             /* the dispatchers know the id as the store writes it (lower-case hex) */
-            if (!strcmp(st, "processing") && token && mg_doc_oid(d, hex)) {
+            if (!strcmp(q->status, "cancelled") && !strcmp(st, "processing") && token &&
+                mg_doc_oid(d, hex)) {
                 free(q->id);
                 q->id = rb_strdup(hex);
                 q->token = rb_strdup(token);
