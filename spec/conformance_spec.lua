@@ -1307,6 +1307,105 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("progress and history", function()
+      it("ctx:progress stores a number or a table on the delivery; get and list show it", function()
+        local id = assert(store:enqueue("ph.p", 1))
+        local answers, seen = {}, {}
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("ph.p", function(_, ctx)
+          answers[1] = table.pack(ctx:progress(0.25))
+          seen[1] = assert(store:get(id)).progress
+          answers[2] = table.pack(ctx:progress { done = 3, of = 4, note = "caf\u{e9}" })
+          seen[2] = assert(store:get(id)).progress
+          stop()
+        end)
+        assert.is_true(H.run(d, 10))
+        assert.same({ true, n = 1 }, answers[1])
+        assert.same({ true, n = 1 }, answers[2])
+        assert.equal(0.25, seen[1])
+        assert.same({ done = 3, of = 4, note = "caf\u{e9}" }, seen[2])
+        local r = expect(store, id, { status = "completed" })
+        assert.same({ done = 3, of = 4, note = "caf\u{e9}" }, r.progress)
+        local listed = assert(store:list { topic = "ph.p" })
+        assert.same(r.progress, listed[1].progress)
+      end)
+
+      it("ctx:progress refuses what is not a number or a table, or no JSON, or over 64 KiB; after the run it answers aborted", function()
+        assert(store:enqueue("ph.bad", 1))
+        local errs, kept = {}, nil
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("ph.bad", function(_, ctx)
+          for _, bad in ipairs { "half", true, 0 / 0, math.huge, { f = print }, { [{}] = 1 },
+                                 { s = string.rep("x", 70000) } } do
+            errs[#errs + 1] = H.raises_relaybus(function() ctx:progress(bad) end)
+          end
+          H.raises_relaybus(function() ctx:progress() end)
+          kept = ctx
+          stop()
+        end)
+        assert.is_true(H.run(d, 10))
+        assert.equal(7, #errs)
+        for _, e in ipairs(errs) do assert.matches("^relaybus: progress: ", e) end
+        assert.same({ nil, "aborted" }, { kept:progress(1) })
+      end)
+
+      it("a progress after the lease was lost is not written: nil, lease lost", function()
+        local id = assert(store:enqueue("ph.lost", 1))
+        local other = assert(relaybus.open(url, opts))
+        local got
+        local d = H.dispatcher(store, { lease_duration = 5 })
+        local stop = H.stopper(d)
+        d:handle("ph.lost", function(_, ctx)
+          assert.is_true(assert(other:cancel(id)))     -- the lease is gone; this process not told
+          got = table.pack(ctx:progress(0.5))
+          stop()
+        end)
+        assert.is_true(H.run(d, 10))
+        other:close()
+        assert.is_nil(got[1])
+        assert.truthy(got[2] == "lease lost" or got[2] == "aborted", tostring(got[2]))
+        local r = expect(store, id, { status = "cancelled" })
+        assert.is_nil(r.progress)
+      end)
+
+      it("errors keeps the last attempts' errors with their attempt and time, oldest first, at most 10", function()
+        local id = assert(store:enqueue("ph.err", 1, { max_attempts = 14 }))
+        local n = 0
+        local t0 = relaybus.time()
+        local d = H.dispatcher(store, { backoff = function() return 0 end })
+        local stop = H.stopper(d)
+        d:handle("ph.err", function()
+          n = n + 1
+          if n < 13 then error("attempt " .. n .. " failed\n  at line 2", 0) end
+          stop()
+        end)
+        assert.is_true(H.run(d, 30))
+        local r = expect(store, id, { status = "completed", attempts = 13 })
+        assert.equal(10, #r.errors)
+        for i, e in ipairs(r.errors) do
+          assert.equal(i + 2, e.attempt)
+          assert.equal("attempt " .. (i + 2) .. " failed\n  at line 2", e.error)
+          assert.is_true(e.at >= t0 - 1 and e.at <= relaybus.time() + 1, "at " .. tostring(e.at))
+          if i > 1 then assert.is_true(e.at >= r.errors[i - 1].at) end
+        end
+        assert.is_true(r.settled_at >= t0 - 1)
+      end)
+
+      it("settled_at is set when a delivery completes, is buried or cancelled, and absent while it is live", function()
+        local live = assert(store:enqueue("ph.s", 1, { delay = 3600 }))
+        local gone = assert(store:enqueue("ph.s", 2, { delay = 3600 }))
+        assert.is_nil(assert(store:get(live)).settled_at)
+        local t0 = relaybus.time()
+        assert.is_true(assert(store:cancel(gone)))
+        local r = assert(store:get(gone))
+        H.near(t0, r.settled_at, 3, "settled_at")
+        assert.equal(1, assert(store:kick(gone)))
+        assert.is_nil(assert(store:get(gone)).settled_at)
+      end)
+    end)
+
     describe("bury and kick of a running delivery", function()
       -- An operator buries a running delivery and kicks it back (the dashboard's buttons): the
       -- kick must not let a new run start while the old one may still act, that is before the
