@@ -93,9 +93,31 @@ local function cut(s, from, to)
   return s:sub(1, a - 1) .. s:sub(b + 1)
 end
 
+-- The CHECK on status that migration 1 wrote, and the one of schema 10.
+local CHECK_OF_FOUR = "CHECK (status IN ('pending', 'processing', 'completed', 'buried'))"
+
+-- Brings PostgreSQL table t back to what schema 9 left: the claim function whose settles keep
+-- no errors, no progress or errors columns, the CHECK of four statuses.
+local function back_to_version_9(store, t)
+  local def = claim_function(store, t, "pg_get_functiondef(oid)")
+  def = cut(def, "  errors = CASE WHEN", "ELSE d.errors END,")
+  assert.is_nil(def:find("errors", 1, true), def)
+  local ok, rows = store:transaction(function(tx)
+    return tx:query("SELECT conname AS c FROM pg_constraint WHERE conrelid = ($1)::regclass"
+      .. " AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%cancelled%'", t)
+  end)
+  assert.is_true(ok, rows)
+  assert.equal(1, #rows)
+  exec_all(store, def, 'ALTER TABLE "' .. t .. '" DROP COLUMN progress, DROP COLUMN errors',
+    'ALTER TABLE "' .. t .. '" DROP CONSTRAINT "' .. rows[1].c .. '"',
+    'ALTER TABLE "' .. t .. '" ADD ' .. CHECK_OF_FOUR,
+    "UPDATE relaybus_schema SET version = 9 WHERE table_name = '" .. t .. "'")
+end
+
 -- Brings PostgreSQL table t back to what schema 8 left: the claim function without the pause,
 -- no TABLE_topics.
 local function back_to_version_8(store, t)
+  back_to_version_9(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, "\n paused text[];", "")
   def = cut(def, "  IF p_limit > 0 THEN\n    paused := ", "    END IF;\n  END IF;\n")
@@ -424,6 +446,25 @@ describe("opening a store", function()
           end
         end)
 
+        it("sqlite: a file of schema version 3 is refused without migrate and brought to 4 by open: cancelled, progress and errors", function()
+          local path = S.tmpfile("v3") .. ".db"
+          local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
+          sqlite_cli(path, "DROP INDEX relaybus_deliveries_cancelled; ALTER TABLE relaybus_deliveries DROP COLUMN progress;"
+            .. " ALTER TABLE relaybus_deliveries DROP COLUMN errors; UPDATE relaybus_schema SET version = 3")
+          local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("outdated (run relaybus migrate)", 1, true), err)
+          s = assert(relaybus.open("sqlite:" .. path))
+          assert.equal(NEW_CHECK, check_of(path))
+          assert.equal("4", (sqlite_cli(path, "SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+          runs_both(s, ids)
+          local later = assert(s:enqueue("t", { n = 3 }))
+          assert.is_true(assert(s:cancel(later)))
+          assert.equal("cancelled", assert(s:get(later)).status)
+          assert.equal("ok", (sqlite_cli(path, "PRAGMA integrity_check"):gsub("%s+$", "")))
+          s:close()
+        end)
+
         it("sqlite: eight processes opening a new file at once all open it (25 times over)", function()
           -- (setting WAL mode takes the exclusive lock from under a shared one, where SQLite
           -- answers busy at once: 6 of 1,200 opens failed with "database is locked")
@@ -645,6 +686,35 @@ print("RAN " .. table.concat(ran, ","))
           assert.equal(0, claim(", true, true"))        -- the slots free: no wait
           holder:close()
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
+          store:close()
+        end)
+
+        it("postgresql: a table of schema version 9 is migrated by open: cancelled is allowed, and progress and errors are kept; an older relaybus's claim goes on beside it", function()
+          local url = entry.url()
+          local t = S.unique("v10")
+          local store = assert(relaybus.open(url, { table = t }))
+          back_to_version_9(store, t)
+          local id = assert(store:enqueue("v9", {}))
+          local refused = store:cancel(id)            -- the CHECK of four refuses the status
+          assert.is_not_true(refused)
+          store = claims_then_migrates(url, store, t, 9)
+          assert.is_true(assert(store:cancel(id)))
+          local failing = assert(store:enqueue("v10", {}, { max_attempts = 2 }))
+          local d = H.dispatcher(store, { backoff = function() return 0 end })
+          local stop = H.stopper(d)
+          local n = 0
+          d:handle("v10", function(_, ctx)
+            n = n + 1
+            assert(ctx:progress { n = n })
+            if n == 1 then error("first", 0) end
+            stop()
+          end)
+          assert.is_true((H.run(d, 10)))
+          local r = assert(store:get(failing))
+          assert.equal("completed", r.status)
+          assert.same({ n = 2 }, r.progress)
+          assert.equal(1, #r.errors)
+          assert.equal("first", r.errors[1].error)
           store:close()
         end)
 
