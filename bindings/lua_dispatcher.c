@@ -215,14 +215,18 @@ static void on_settle_result(void *ud, const char *err, int applied)
     rb_await_resolve(w, nres);
 }
 
+/* What a ctx call answers once its run is over: nil, "aborted". */
+static int run_over(lua_State *L)
+{
+    lua_pushnil(L);
+    lua_pushliteral(L, "aborted");
+    return 2;
+}
+
 static int ctx_settle(lua_State *L, rb_settle_kind kind, double delay, const char *reason)
 {
     lua_ctx *c = check_ctx(L);
-    if (!c->run) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "aborted");
-        return 2;
-    }
+    if (!c->run) return run_over(L);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
     /* Once sent, a settle's answer is the truth, abort or not: true means it was written. Not
@@ -284,11 +288,7 @@ static int l_ctx_progress(lua_State *L)
     if (n > PROGRESS_MAX)
         return rb_misuse(L, "progress: its JSON is %d bytes, more than %d", (int)(n > INT_MAX ? INT_MAX : n),
                          PROGRESS_MAX);
-    if (!c->run) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "aborted");
-        return 2;
-    }
+    if (!c->run) return run_over(L);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
     rb_run_progress(c->run, json, on_settle_result, w);
@@ -299,11 +299,7 @@ static int l_ctx_progress(lua_State *L)
 static int l_ctx_sleep(lua_State *L)
 {
     lua_ctx *c = check_ctx(L);
-    if (!c->run) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "aborted");
-        return 2;
-    }
+    if (!c->run) return run_over(L);
     lua_remove(L, 1);       /* the seconds become relaybus.sleep's first argument */
     return rb_lua_sleep(L);
 }
@@ -312,11 +308,7 @@ static int l_ctx_sleep(lua_State *L)
 static int l_ctx_backoff(lua_State *L)
 {
     lua_ctx *c = check_ctx(L);
-    if (!c->run) {
-        lua_pushnil(L);
-        lua_pushliteral(L, "aborted");
-        return 2;
-    }
+    if (!c->run) return run_over(L);
     lua_pushnumber(L, rb_run_backoff(c->run));
     return 1;
 }

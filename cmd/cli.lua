@@ -574,19 +574,15 @@ function CHECKS.kick(c, pos)
   if c.id == "" then usage("kick: ID must not be empty") end
 end
 
-function CHECKS.show(c, pos)
-  max_args("show", pos, 1)
+local function id_arg(cmd, c, pos)
+  max_args(cmd, pos, 1)
   c.id = pos[1]
-  if not c.id then usage("show: missing ID (see relaybus show --help)") end
-  if c.id == "" then usage("show: ID must not be empty") end
+  if not c.id then usage("%s: missing ID (see relaybus %s --help)", cmd, cmd) end
+  if c.id == "" then usage("%s: ID must not be empty", cmd) end
 end
 
-function CHECKS.cancel(c, pos)
-  max_args("cancel", pos, 1)
-  c.id = pos[1]
-  if not c.id then usage("cancel: missing ID (see relaybus cancel --help)") end
-  if c.id == "" then usage("cancel: ID must not be empty") end
-end
+function CHECKS.show(c, pos) id_arg("show", c, pos) end
+function CHECKS.cancel(c, pos) id_arg("cancel", c, pos) end
 
 function CHECKS.purge(c, pos)
   max_args("purge", pos, 0)
