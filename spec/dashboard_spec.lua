@@ -129,6 +129,11 @@ for _, entry in ipairs(S.list()) do
         assert.equal(5, delta( "relaybus_start_delay_seconds_count", '{topic="m.ok"}'))
         assert.equal(12, delta( "relaybus_claims_total"))
         assert.equal(0, metric(text, "relaybus_runs_active"))
+        assert.equal(1, metric(text, "relaybus_store_up"))
+        assert.equal(5, metric(text, "relaybus_topic_deliveries", '{topic="m.ok",status="completed"}'))
+        assert.equal(3, metric(text, "relaybus_topic_deliveries", '{topic="m.fail",status="buried"}'))
+        assert.equal(0, metric(text, "relaybus_topic_deliveries", '{topic="m.fail",status="cancelled"}'))
+        assert.equal(1, metric(text, "relaybus_topic_deliveries", '{topic="we\\"ird\\\\topic",status="completed"}'))
         assert.equal(6, metric(text, "relaybus_deliveries", '{status="completed"}'))
         assert.equal(3, metric(text, "relaybus_deliveries", '{status="buried"}'))
         assert.equal(0, metric(text, "relaybus_due_deliveries"))
@@ -143,6 +148,27 @@ for _, entry in ipairs(S.list()) do
         assert.equal("+Inf", les[#les])
         for _, le in ipairs(les) do assert.is_true(#le <= 5, "le=" .. le) end
       end)
+    end)
+
+    it("says when the store is down: /metrics still answers, with relaybus_store_up 0; /healthz 503", function()
+      local store = S.open(entry, { migrate = true })
+      local testing = S.testing()
+      for _, case in ipairs { { fail = 0, up = 1, health = 200 }, { fail = 1, up = 0, health = 503 } } do
+        local f = assert(testing.faults(store, { seed = 7, fail = case.fail }))
+        D.with_server(f, nil, function(_, call)
+          local st, text = call("GET", "/metrics")
+          assert.equal(200, st)
+          assert.equal(case.up, metric(text, "relaybus_store_up"))
+          assert.equal(case.up == 1 and 0 or nil, metric(text, "relaybus_due_deliveries"))
+          assert.truthy(metric(text, "relaybus_claims_total"), "the process's own metrics are there")
+          local out = promtool(text)
+          if not out:match("not found") then assert.matches("rc=0", out, 1, true) end
+          local hs, _, hj = call("GET", "/healthz")
+          assert.equal(case.health, hs)
+          if case.up == 1 then assert.is_true(hj.ok) else assert.matches("injected", hj.error) end
+          assert.equal(405, (call("POST", "/healthz")))
+        end)
+      end
     end)
 
     it("refuses actions without a token (403) and with a wrong one (401)", function()

@@ -266,8 +266,32 @@ void rb_metrics_write(const rb_metrics *m, rb_buf *b)
                   (unsigned long long)(m ? m->renewals : 0));
 }
 
-void rb_metrics_write_store(rb_buf *b, const rb_stats *st)
+/* relaybus_topic_deliveries from topic_stats' rowset: topic, then a count per status. */
+static void write_topics(rb_buf *b, const rb_rowset *rs)
 {
+    if (!rs || rs->ncols < 1 + RB_STATUS_COUNT) return;
+    rb_buf_puts(b, "# HELP relaybus_topic_deliveries Deliveries in the store, by topic and status.\n"
+                   "# TYPE relaybus_topic_deliveries gauge\n");
+    for (size_t i = 0; i < rs->nrows; i++) {
+        const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
+        if (v[0].type != RB_VTEXT) continue;
+        for (int k = 0; k < RB_STATUS_COUNT; k++) {
+            const rb_value *c = &v[1 + k];
+            long long n = c->type == RB_VINT ? (long long)c->i
+                        : c->type == RB_VFLOAT ? (long long)c->f : 0;
+            rb_buf_puts(b, "relaybus_topic_deliveries{topic=\"");
+            rb_metrics_label(b, v[0].s);
+            rb_buf_printf(b, "\",status=\"%s\"} %lld\n", rb_status_name((rb_status)k), n);
+        }
+    }
+}
+
+void rb_metrics_write_store(rb_buf *b, const rb_stats *st, const rb_rowset *topics)
+{
+    rb_buf_printf(b, "# HELP relaybus_store_up Whether the store answered this scrape's query"
+                     " (1) or not (0).\n# TYPE relaybus_store_up gauge\nrelaybus_store_up %d\n",
+                  st != NULL);
+    if (!st) return;
     rb_buf_printf(b, "# HELP relaybus_deliveries Deliveries in the store, by status.\n"
                      "# TYPE relaybus_deliveries gauge\n"
                      "relaybus_deliveries{status=\"pending\"} %lld\n"
@@ -285,4 +309,5 @@ void rb_metrics_write_store(rb_buf *b, const rb_stats *st)
                    "relaybus_oldest_due_age_seconds ");
     num(b, st->oldest_due_age);
     rb_buf_puts(b, "\n");
+    write_topics(b, topics);
 }

@@ -11,8 +11,9 @@
  *   relaybus_runs_active                    gauge (claimed, not yet settled)
  *   relaybus_claims_total                   counter (deliveries claimed)
  *   relaybus_lease_renewals_total           counter
- * and, from a store's stats (rb_metrics_write_store): relaybus_deliveries{status},
- * relaybus_due_deliveries, relaybus_oldest_due_age_seconds. */
+ * and, from a store's stats (rb_metrics_write_store): relaybus_store_up,
+ * relaybus_deliveries{status}, relaybus_due_deliveries, relaybus_oldest_due_age_seconds,
+ * relaybus_topic_deliveries{topic,status}. */
 #ifndef RB_METRICS_H
 #define RB_METRICS_H
 
@@ -41,8 +42,10 @@ void rb_metrics_totals_get(const rb_metrics *m, rb_metrics_totals *t);
 
 /* Appends the process metrics to b (see buf.h for out of memory). */
 void rb_metrics_write(const rb_metrics *m, rb_buf *b);
-/* Appends the store gauges from st. */
-void rb_metrics_write_store(rb_buf *b, const rb_stats *st);
+/* Appends the store gauges: relaybus_store_up (0 when st is NULL: the store did not answer,
+ * and nothing else of it is written), the counts of st, and per topic those of `topics`
+ * (topic_stats' rowset, may be NULL). */
+void rb_metrics_write_store(rb_buf *b, const rb_stats *st, const rb_rowset *topics);
 /* Appends s as a label value: \, " and newline escaped as the format says; bytes that are no
  * valid UTF-8 become U+FFFD. */
 void rb_metrics_label(rb_buf *b, const char *s);

@@ -101,7 +101,7 @@ struct rb_dashboard {
 };
 
 enum { R_NEW, R_WAIT, R_READY };
-enum { W_NONE, W_METRICS, W_STATS };
+enum { W_NONE, W_METRICS, W_STATS, W_HEALTH };
 
 struct req {
     rb_dashboard *d;            /* NULL once the dashboard is freed */
@@ -381,16 +381,28 @@ static json_t *topics_json(const rb_rowset *rs)
     return a;
 }
 
+/* /metrics: the store's gauges (NULL st: the store did not answer, relaybus_store_up 0 and
+ * none of its counts) and the process's own. A store down is no failed scrape. */
+static void answer_metrics(req *r, const rb_stats *st)
+{
+    rb_dashboard *d = r->d;
+    rb_buf_free(&r->body);
+    rb_metrics_write_store(&r->body, st, st ? d->topics : NULL);
+    rb_metrics_write(d->metrics, &r->body);
+    r->status = rb_buf_failed(&r->body) ? 500 : 200;
+    r->ctype = "text/plain; version=0.0.4; charset=utf-8";
+    r->phase = R_READY;
+}
+
 static void answer_snapshot(req *r)
 {
     rb_dashboard *d = r->d;
     if (r->wants == W_METRICS) {
-        rb_buf_free(&r->body);
-        rb_metrics_write_store(&r->body, &d->st);
-        rb_metrics_write(d->metrics, &r->body);
-        r->status = rb_buf_failed(&r->body) ? 500 : 200;
-        r->ctype = "text/plain; version=0.0.4; charset=utf-8";
-        r->phase = R_READY;
+        answer_metrics(r, &d->st);
+        return;
+    }
+    if (r->wants == W_HEALTH) {
+        respond_json(r, 200, json_pack("{s:b}", "ok", 1));
         return;
     }
     json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:I,s:f,s:o,s:f,s:b}",
@@ -413,7 +425,8 @@ static void answer_snapshot(req *r)
     respond_json(r, 200, o);
 }
 
-/* Answers every request waiting for the snapshot: with it, or with err (502). */
+/* Answers every request waiting for the snapshot: with it, or with err (502; /healthz 503,
+ * /metrics its own gauges and relaybus_store_up 0). */
 static void answer_waiting(rb_dashboard *d, const char *err)
 {
     req *w = d->waiting;
@@ -423,8 +436,9 @@ static void answer_waiting(rb_dashboard *d, const char *err)
         w->wait_next = NULL;
         w->inflight = 0;
         if (w->closed) { req_free(w); w = next; continue; }
-        if (err) respond_error(w, 502, err);
-        else answer_snapshot(w);
+        if (!err) answer_snapshot(w);
+        else if (w->wants == W_METRICS) answer_metrics(w, NULL);
+        else respond_error(w, w->wants == W_HEALTH ? 503 : 502, err);
         req_done(w);
         w = next;
     }
@@ -482,19 +496,21 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
     }
 }
 
-/* /metrics and /api/stats: from the cache while it is fresh, else after one fetch that every
- * request waiting meanwhile shares (a burst of scrapes costs the store one query). */
+/* /metrics, /api/stats and /healthz: from the cache while it is fresh, else after one fetch
+ * that every request waiting meanwhile shares (a burst of scrapes costs the store one query).
+ * The counts per topic (a scan of the table) are fetched again every TOPICS_CACHE at most. */
 static void want_snapshot(req *r, int wants)
 {
     rb_dashboard *d = r->d;
     r->wants = wants;
     double now = rb_monotonic();
     int topics_ok = d->topics_at > 0 && now - d->topics_at < TOPICS_CACHE;
-    if (d->snap_at > 0 && now - d->snap_at < d->cache && (wants == W_METRICS || topics_ok)) {
+    int need_topics = wants != W_HEALTH && !topics_ok;
+    if (d->snap_at > 0 && now - d->snap_at < d->cache && !need_topics) {
         answer_snapshot(r);
         return;
     }
-    if (d->fetching && wants == W_STATS && !topics_ok) d->fetching->need_topics = 1;
+    if (d->fetching && need_topics) d->fetching->need_topics = 1;
     if (!d->fetching) {
         if (d->queries >= RB_DASHBOARD_MAX_QUERIES) {
             respond_error(r, 503, "busy: too many store queries in flight, try again");
@@ -503,7 +519,7 @@ static void want_snapshot(req *r, int wants)
         snap_fetch *f = rb_calloc(1, sizeof *f);
         if (!f) { respond_error(r, 500, "out of memory"); return; }
         f->d = d;
-        f->need_topics = wants == W_STATS && !topics_ok;
+        f->need_topics = need_topics;
         d->fetching = f;
         d->queries++;
         r->phase = R_WAIT;
@@ -645,9 +661,9 @@ static void route(req *r, const char *method, const char *url)
         else respond_text(r, 200, "text/css; charset=utf-8", dashboard_css);
         return;
     }
-    if (!strcmp(url, "/metrics") || !strcmp(url, "/api/stats")) {
+    if (!strcmp(url, "/metrics") || !strcmp(url, "/api/stats") || !strcmp(url, "/healthz")) {
         if (!get) { r->allow = "GET, HEAD"; respond_error(r, 405, "method not allowed"); return; }
-        want_snapshot(r, url[1] == 'm' ? W_METRICS : W_STATS);
+        want_snapshot(r, url[1] == 'm' ? W_METRICS : url[1] == 'h' ? W_HEALTH : W_STATS);
         return;
     }
     if (!strcmp(url, "/api/deliveries")) {
