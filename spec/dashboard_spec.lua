@@ -133,6 +133,7 @@ for _, entry in ipairs(S.list()) do
         assert.equal(5, metric(text, "relaybus_topic_deliveries", '{topic="m.ok",status="completed"}'))
         assert.equal(3, metric(text, "relaybus_topic_deliveries", '{topic="m.fail",status="buried"}'))
         assert.equal(0, metric(text, "relaybus_topic_deliveries", '{topic="m.fail",status="cancelled"}'))
+        assert.equal(0, metric(text, "relaybus_topic_oldest_due_seconds", '{topic="m.ok"}'))
         assert.equal(1, metric(text, "relaybus_topic_deliveries", '{topic="we\\"ird\\\\topic",status="completed"}'))
         assert.equal(6, metric(text, "relaybus_deliveries", '{status="completed"}'))
         assert.equal(3, metric(text, "relaybus_deliveries", '{status="buried"}'))
@@ -153,13 +154,22 @@ for _, entry in ipairs(S.list()) do
     it("says when the store is down: /metrics still answers, with relaybus_store_up 0; /healthz 503", function()
       local store = S.open(entry, { migrate = true })
       local testing = S.testing()
+      assert(store:enqueue("m.idle", {}))      -- due, and nobody runs it
+      relaybus.sleep(1.2)
       for _, case in ipairs { { fail = 0, up = 1, health = 200 }, { fail = 1, up = 0, health = 503 } } do
         local f = assert(testing.faults(store, { seed = 7, fail = case.fail }))
         D.with_server(f, nil, function(_, call)
           local st, text = call("GET", "/metrics")
           assert.equal(200, st)
           assert.equal(case.up, metric(text, "relaybus_store_up"))
-          assert.equal(case.up == 1 and 0 or nil, metric(text, "relaybus_due_deliveries"))
+          assert.equal(case.up == 1 and 1 or nil, metric(text, "relaybus_due_deliveries"))
+          assert.equal(case.up == 1 and 1 or nil, metric(text, "relaybus_topic_deliveries", '{topic="m.idle",status="pending"}'))
+          local age = metric(text, "relaybus_topic_oldest_due_seconds", '{topic="m.idle"}')
+          if case.up == 1 then
+            assert.is_true(age >= 1 and age < 60, "oldest due " .. tostring(age))
+          else
+            assert.is_nil(age)
+          end
           assert.truthy(metric(text, "relaybus_claims_total"), "the process's own metrics are there")
           local out = promtool(text)
           if not out:match("not found") then assert.matches("rc=0", out, 1, true) end

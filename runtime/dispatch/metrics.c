@@ -284,6 +284,20 @@ static void write_topics(rb_buf *b, const rb_rowset *rs)
             rb_buf_printf(b, "\",status=\"%s\"} %lld\n", rb_status_name((rb_status)k), n);
         }
     }
+    if (rs->ncols < 2 + RB_STATUS_COUNT) return;
+    rb_buf_puts(b, "# HELP relaybus_topic_oldest_due_seconds How long the oldest due pending"
+                   " delivery of the topic has been due.\n"
+                   "# TYPE relaybus_topic_oldest_due_seconds gauge\n");
+    for (size_t i = 0; i < rs->nrows; i++) {
+        const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
+        const rb_value *age = &v[1 + RB_STATUS_COUNT];
+        if (v[0].type != RB_VTEXT) continue;
+        rb_buf_puts(b, "relaybus_topic_oldest_due_seconds{topic=\"");
+        rb_metrics_label(b, v[0].s);
+        rb_buf_puts(b, "\"} ");
+        num(b, age->type == RB_VFLOAT ? age->f : age->type == RB_VINT ? (double)age->i : 0);
+        rb_buf_puts(b, "\n");
+    }
 }
 
 void rb_metrics_write_store(rb_buf *b, const rb_stats *st, const rb_rowset *topics)

@@ -13,7 +13,7 @@
  *   relaybus_lease_renewals_total           counter
  * and, from a store's stats (rb_metrics_write_store): relaybus_store_up,
  * relaybus_deliveries{status}, relaybus_due_deliveries, relaybus_oldest_due_age_seconds,
- * relaybus_topic_deliveries{topic,status}. */
+ * relaybus_topic_deliveries{topic,status}, relaybus_topic_oldest_due_seconds{topic}. */
 #ifndef RB_METRICS_H
 #define RB_METRICS_H
 

@@ -97,7 +97,8 @@ typedef struct rb_stats {
 /* What the store's lease call does with a named lease (see the vtable's lease). */
 typedef enum rb_lease_op { RB_LEASE_ACQUIRE, RB_LEASE_EXTEND, RB_LEASE_RELEASE } rb_lease_op;
 /* topic_stats' rows: columns topic (text), pending, processing, completed, buried, cancelled
- * (ints),
+ * (ints), oldest_due_age (float: s since the earliest run_at of its pending deliveries, 0 when
+ * none is due),
  * one row per topic, ordered by topic, at most RB_TOPIC_STATS_MAX rows. */
 #define RB_TOPIC_STATS_MAX 10000
 

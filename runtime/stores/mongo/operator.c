@@ -2,15 +2,21 @@
  * aggregation grouped by both, folded into one row per topic here; and the counts of pending
  * deliveries per topic among the earliest due, for the dispatcher's check for topics nobody
  * handles. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
 
-typedef struct topic_row { char *topic; int64_t n[RB_STATUS_COUNT]; } topic_row;
+typedef struct topic_row {
+    char *topic;
+    int64_t n[RB_STATUS_COUNT];
+    double first_pending;       /* the earliest run_at of its pending deliveries; 0: none */
+} topic_row;
 
 typedef struct topics_job {
     mjob j;
+    double now;                 /* topic stats: the store's clock when they were read */
     topic_row *rows;
     size_t nrows, cap;
     rb_rowset *rs;
@@ -41,12 +47,14 @@ static topic_row *row_for(topics_job *q, const char *topic)
     return r;
 }
 
-/* The rows as a rowset of topic and the counts of the first ncounts statuses. */
+/* The rows as a rowset of topic and the counts of the first ncounts statuses, and with all
+ * of them the age of the oldest due pending one (topic stats). */
 static rb_rowset *to_rowset(topics_job *q, int ncounts)
 {
     static const char *const names[] = {"topic", "pending", "processing", "completed", "buried",
-                                        "cancelled"};
-    int ncols = 1 + ncounts;
+                                        "cancelled", "oldest_due_age"};
+    int ages = ncounts == RB_STATUS_COUNT;
+    int ncols = 1 + ncounts + ages;
     rb_rowset *rs = rb_calloc(1, sizeof *rs);
     if (!rs) return NULL;
     rs->names = rb_calloc((size_t)ncols + 1, sizeof *rs->names);
@@ -62,6 +70,11 @@ static rb_rowset *to_rowset(topics_job *q, int ncounts)
         v[0].len = strlen(q->rows[i].topic);
         q->rows[i].topic = NULL;
         for (int c = 0; c < ncounts; c++) { v[c + 1].type = RB_VINT; v[c + 1].i = q->rows[i].n[c]; }
+        if (ages) {
+            double first = q->rows[i].first_pending;
+            v[ncols - 1].type = RB_VFLOAT;
+            v[ncols - 1].f = first > 0 && q->now > first ? q->now - first : 0;
+        }
         rs->nrows++;
     }
     return rs;
@@ -75,7 +88,7 @@ static bson_t *topics_pipeline(const topics_job *q)
     if (!q->scan_max)
         return BCON_NEW("pipeline", "[", "{", "$group", "{", "_id", "{", "t", BCON_UTF8("$topic"),
                         "s", BCON_UTF8("$status"), "}", "n", "{", "$sum", BCON_INT32(1), "}",
-                        "}", "}", "]");
+                        "r", "{", "$min", BCON_UTF8("$run_at"), "}", "}", "}", "]");
     return BCON_NEW("pipeline", "[",
                     "{", "$match", "{", "status", BCON_UTF8("pending"), "}", "}",
                     "{", "$sort", "{", "run_at", BCON_INT32(1), "}", "}",
@@ -88,6 +101,7 @@ static bson_t *topics_pipeline(const topics_job *q)
 static void topics_work(mjob *j, mongoc_client_t *c)
 {
     topics_job *q = (topics_job *)j;
+    q->now = mg_now(j->s);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     bson_t *pipe = topics_pipeline(q);
     mongoc_cursor_t *cur = mongoc_collection_aggregate(cl, MONGOC_QUERY_NONE, pipe, NULL, NULL);
@@ -109,6 +123,11 @@ static void topics_work(mjob *j, mongoc_client_t *c)
         topic_row *r = row_for(q, t);
         if (!r) { if (q->nrows < RB_TOPIC_STATS_MAX) oom = 1; continue; }
         r->n[k] += mg_doc_int(d, "n");
+        if (k == RB_PENDING && !q->scan_max) {
+            double first = mg_doc_num(d, "r");
+            if (isfinite(first) && first > 0 && (r->first_pending == 0 || first < r->first_pending))
+                r->first_pending = first;
+        }
     }
     if (mongoc_cursor_error(cur, &e)) mg_fail_bson(j, "topic stats", &e);
     else if (oom) mg_fail(j, "out of memory");

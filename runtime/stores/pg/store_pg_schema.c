@@ -445,8 +445,9 @@ const char rb_pg_sql_topic_stats[] =
     " count(*) FILTER (WHERE status = 'processing') AS processing,"
     " count(*) FILTER (WHERE status = 'completed') AS completed,"
     " count(*) FILTER (WHERE status = 'buried') AS buried,"
-    " count(*) FILTER (WHERE status = 'cancelled') AS cancelled"
-    " FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
+    " count(*) FILTER (WHERE status = 'cancelled') AS cancelled,"
+    " greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending')),"
+    " 0))::float8 AS oldest_due_age FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
 /* $1 the topic; a row only when the state changes. A resume wakes idle dispatchers ($2 the
  * channel, the table's name): the topic's deliveries may be due. */
 const char rb_pg_sql_pause[] =

@@ -796,6 +796,7 @@ static job_rc run_topic_rows(rb_sqlite *s, job *j, int which)
     if (rc == SQLITE_OK) {
         sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
         if (which == ST_PENDING_TOPICS) sqlite3_bind_int64(st, 2, (sqlite3_int64)j->limit);
+        if (which == ST_TOPIC_STATS) sqlite3_bind_double(st, 2, rb_wall_time());
         while ((rc = step(s, j, st)) == SQLITE_ROW)
             if ((rc = add_row(j->rows, st)) != SQLITE_OK) break;
         if (rc == SQLITE_DONE) rc = SQLITE_OK;

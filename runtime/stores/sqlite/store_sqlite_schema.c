@@ -149,8 +149,9 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " AND (status IN ('completed','buried') OR status = 'cancelled')",
     [ST_TOPIC_STATS] = "SELECT topic, sum(status = 'pending') AS pending,"
         " sum(status = 'processing') AS processing, sum(status = 'completed') AS completed,"
-        " sum(status = 'buried') AS buried, sum(status = 'cancelled') AS cancelled"
-        " FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
+        " sum(status = 'buried') AS buried, sum(status = 'cancelled') AS cancelled,"
+        " max(0, ?2 - coalesce(min(CASE WHEN status = 'pending' THEN run_at END), ?2))"
+        " AS oldest_due_age FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
     /* the earliest due pending deliveries, at most ?2, through "{t}_due" (its own WHERE term
      * repeated: SQLite uses a partial index only for a query that states its condition) */
     [ST_PENDING_TOPICS] = "SELECT topic, count(*) AS pending FROM (SELECT topic FROM \"{t}\""
