@@ -49,6 +49,9 @@ const result = { steps: [] };
       const i = dts.findIndex((d) => d.textContent === 'last error');
       return i >= 0 ? dts[i].nextElementSibling.textContent : null;
     });
+    result.errors_listed = await page.evaluate(() => Array.from(document.querySelectorAll('#detail-errors li pre'))
+      .map((p) => p.textContent));
+    result.hash = await page.evaluate(() => location.hash);
     await page.screenshot({ path: outdir + '/dashboard-detail.png', fullPage: true });
     result.steps.push('opened');
 
@@ -101,6 +104,27 @@ const result = { steps: [] };
     await page.waitForFunction(() => document.getElementById('n-buried').textContent.trim() === '0');
     await page.screenshot({ path: outdir + '/dashboard-kick-topic.png', fullPage: true });
     result.steps.push('kicked topic');
+
+    // the id box opens one delivery; its permalink opens it in a new page
+    await page.fill('#open-id-input', id);
+    await page.click('#open-id button');
+    await page.waitForFunction((want) => document.getElementById('detail-id').textContent === want, id);
+    const link = await page.getAttribute('#detail-link', 'href');
+    const other = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+    other.on('pageerror', (e) => errors.push(String(e)));
+    await other.goto(url + link);
+    await other.waitForFunction((want) => {
+      const s = document.getElementById('detail-status');
+      return document.getElementById('detail-id').textContent === want && s && s.textContent !== '';
+    }, id);
+    result.permalink = link;
+    result.permalink_status = await other.textContent('#detail-status');
+    result.permalink_visible = await other.isVisible('#detail');
+    await other.goto(url + '#delivery=%E0%A4%A');        // a bad escape: nothing opens, nothing breaks
+    await other.waitForTimeout(300);
+    result.bad_hash_hidden = await other.isHidden('#detail');
+    await other.close();
+    result.steps.push('permalink');
     result.dialogs = dialogs;
     result.external = external;
     result.errors = errors;

@@ -142,7 +142,7 @@
         tr.appendChild(el('td', d.attempts + '/' + d.max_attempts));
         tr.appendChild(el('td', fmtTime(d.run_at)));
         tr.appendChild(el('td', d.last_error || ''));
-        tr.addEventListener('click', function () { openDelivery(d.id); });
+        tr.addEventListener('click', function () { openDelivery(d.id, true); });
         tb.appendChild(tr);
       });
       state.next = r.body.next;
@@ -172,12 +172,18 @@
     try { return JSON.stringify(JSON.parse(text), null, 2); } catch (e) { return text; }
   }
 
-  function openDelivery(id) {
+  // A delivery's permalink: the page's own URL with #delivery=ID, which opens it on load.
+  function permalink(id) { return '#delivery=' + encodeURIComponent(id); }
+  function openDelivery(id, scroll) {
     state.selected = id;
+    if (location.hash !== permalink(id)) history.replaceState(null, '', permalink(id));
     return api('GET', '/api/deliveries/' + encodeURIComponent(id)).then(function (r) {
       var box = $('detail');
       box.hidden = false;
       $('detail-id').textContent = id;
+      $('detail-link').setAttribute('href', permalink(id));
+      // opened from the list or the id box: show it where the operator is looking
+      if (scroll) box.scrollIntoView({ block: 'nearest' });
       var dl = $('detail-fields');
       clear(dl);
       if (r.status !== 200) { dl.appendChild(el('dd', r.body.error || ('HTTP ' + r.status))); return; }
@@ -234,7 +240,11 @@
   $('btn-cancel').addEventListener('click', function () { act('POST', selPath('/cancel'), 'cancel'); });
   $('btn-delete').addEventListener('click', function () {
     act('DELETE', selPath(''), 'delete').then(function (done) {
-      if (done) { $('detail').hidden = true; state.selected = null; }
+      if (done) {
+        $('detail').hidden = true;
+        state.selected = null;
+        history.replaceState(null, '', location.pathname + location.search);
+      }
     });
   });
   // Kick every buried delivery of the applied topic filter (every topic without one). A bulk
@@ -268,6 +278,18 @@
   function tick() {
     if ($('auto').checked && !document.hidden) { refreshStats(); refreshList(); }
   }
-  refreshStats(); refreshList();
+  $('open-id').addEventListener('submit', function (ev) {
+    ev.preventDefault();
+    var id = $('open-id-input').value.trim();
+    if (id) openDelivery(id, true);
+  });
+  function openFromHash() {
+    var m = /^#delivery=(.+)$/.exec(location.hash);
+    var id = null;
+    try { id = m && decodeURIComponent(m[1]); } catch (e) { id = null; }   // (a bad %-escape)
+    if (id) openDelivery(id, true);
+  }
+  window.addEventListener('hashchange', openFromHash);
+  refreshStats(); refreshList(); openFromHash();
   setInterval(tick, 2000);
 })();
