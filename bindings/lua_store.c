@@ -439,7 +439,20 @@ static int l_store_get(lua_State *L)
     return rb_await_finish(L, w);
 }
 
-static const char *const list_opts[] = {"status", "topic", "limit", NULL};
+static const char *const list_opts[] = {"status", "topic", "limit", "key", "topic_prefix",
+                                        "error_text", NULL};
+
+/* A list filter field: absent (NULL), or a string without NUL; anything else is misuse. */
+static const char *list_text(lua_State *L, const char *field)
+{
+    lua_getfield(L, 2, field);
+    if (lua_isnil(L, -1)) return NULL;
+    size_t n;
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+    if (!v) rb_misuse(L, "list: %s must be a string", field);
+    if (strlen(v) != n) rb_misuse(L, "list: %s must not contain a NUL byte", field);
+    return v;
+}
 
 static int l_store_list(lua_State *L)
 {
@@ -453,10 +466,10 @@ static int l_store_list(lua_State *L)
         req.status = lua_tostring(L, -1);
         if (req.status && rb_status_parse(req.status) < 0)
             rb_misuse(L, "list: unknown status '%s'", req.status);
-        lua_getfield(L, 2, "topic");
-        if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
-            rb_misuse(L, "list: topic must be a string");
-        req.topic = lua_tostring(L, -1);
+        req.topic = list_text(L, "topic");
+        req.key = list_text(L, "key");
+        req.topic_prefix = list_text(L, "topic_prefix");
+        req.error_text = list_text(L, "error_text");
         double lim = rb_opt_number(L, 2, "limit", 100);
         if (!(lim >= 1 && lim <= RB_LIST_MAX) || lim != floor(lim))
             rb_misuse(L, "list: limit must be an integer from 1 to %d", RB_LIST_MAX);

@@ -310,6 +310,9 @@ escapes (\x1b); --json keeps them in valid JSON.
 Options:
   --status S        only pending, processing, completed, buried or cancelled deliveries
   --topic T         only deliveries of topic T
+  --topic-prefix P  only deliveries whose topic starts with P
+  --key K           only deliveries with the dedupe key K
+  --error TEXT      only deliveries whose last error contains TEXT
   --limit N         at most N deliveries (default 100)
   --json            print a JSON array of delivery records instead of a table
 ]] .. STORE_HELP
@@ -411,7 +414,8 @@ local SPECS = {
   run = { options = { store = "store", help = "flag" }, stop_at_positional = true },
   enqueue = { options = { delay = "seconds", key = "string", ["max-attempts"] = "count" } },
   stats = { options = { json = "flag", topics = "flag" } },
-  list = { options = { status = "string", topic = "string", limit = "count", json = "flag" } },
+  list = { options = { status = "string", topic = "string", limit = "count", json = "flag",
+                       ["topic-prefix"] = "string", key = "string", error = "string" } },
   show = { options = { json = "flag" } },
   kick = { options = { buried = "flag", topic = "string" } },
   cancel = { options = {} },
@@ -846,7 +850,8 @@ end
 function commands.list(c)
   local store = open_store(c, false)
   local rows = call(c, store, "list",
-    { status = c.opts.status, topic = c.opts.topic, limit = c.opts.limit or 100 })
+    { status = c.opts.status, topic = c.opts.topic, limit = c.opts.limit or 100,
+      topic_prefix = c.opts["topic-prefix"], key = c.opts.key, error_text = c.opts.error })
   if c.opts.json then
     io.stdout:write(json_array(rows), "\n")
   else

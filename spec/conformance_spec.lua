@@ -1307,6 +1307,48 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("search", function()
+      it("list finds by key, by a topic's prefix and by text in the last error, literally", function()
+        local a = assert(store:enqueue("srch.pay.card", 1, { key = "order-7" }))
+        local b = assert(store:enqueue("srch.pay.bank", 2, { key = "order-8" }))
+        local c = assert(store:enqueue("srch.mail", 3, { max_attempts = 1 }))
+        local dot = assert(store:enqueue("srch.p.y", 4))   -- a "." that a pattern would take for any byte
+        local d = H.dispatcher(store)
+        local stop = H.stopper(d)
+        d:handle("srch.mail", function() stop(); error("SMTP 550: mailbox (x.y) unavailable [*]", 0) end)
+        assert.is_true(H.run(d, 10))
+        assert.truthy(H.poll(function() return assert(store:get(c)).status == "buried" end, 5))
+        local function ids(filter)
+          local out = {}
+          for _, r in ipairs(assert(store:list(filter))) do out[#out + 1] = r.id end
+          table.sort(out)
+          return out
+        end
+        local function sorted(t) table.sort(t) return t end
+        assert.same({ a }, ids { key = "order-7" })
+        assert.same({}, ids { key = "order" })
+        assert.same(sorted { a, b }, ids { topic_prefix = "srch.pay." })
+        assert.same({ dot }, ids { topic_prefix = "srch.p." })
+        assert.same({}, ids { topic_prefix = "srch.p.y.z" })
+        assert.same({ c }, ids { error_text = "mailbox (x.y) unavailable [*]" })
+        assert.same({ c }, ids { error_text = "550" })
+        assert.same({}, ids { error_text = "mailbox.*" })
+        assert.same({}, ids { error_text = "550", status = "pending" })
+        assert.same({ b }, ids { topic_prefix = "srch.pay", key = "order-8" })
+        for _, hostile in ipairs { "^", "$", ".*", "\\", "%", "_", "'", "[", "(?i)", "\xff\xfe" } do
+          local r, err = store:list { topic_prefix = hostile }
+          if r == nil then H.one_line(err) else assert.same({}, r, hostile) end
+          r, err = store:list { error_text = hostile }
+          if r == nil then H.one_line(err) else assert.same({}, r, hostile) end
+        end
+        for _, bad in ipairs { 5, {}, "a\0b" } do
+          H.raises_relaybus(function() store:list { key = bad } end)
+          H.raises_relaybus(function() store:list { topic_prefix = bad } end)
+          H.raises_relaybus(function() store:list { error_text = bad } end)
+        end
+      end)
+    end)
+
     describe("progress and history", function()
       it("ctx:progress stores a number or a table on the delivery; get and list show it", function()
         local id = assert(store:enqueue("ph.p", 1))

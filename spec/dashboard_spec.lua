@@ -240,6 +240,30 @@ for _, entry in ipairs(S.list()) do
       end)
     end)
 
+    it("searches by key, topic prefix and error text; a NUL byte in any is refused", function()
+      local store = S.open(entry, { migrate = true })
+      local ids = D.fill(store)
+      local keyed = assert(store:enqueue("later.keyed", { n = 1 }, { key = "k-42" }))
+      D.with_server(store, nil, function(_, call)
+        local function page(q)
+          local st, _, j = call("GET", "/api/deliveries?" .. q)
+          assert.equal(200, st, q)
+          local out = {}
+          for _, d in ipairs(j.deliveries) do out[#out + 1] = d.id end
+          return out
+        end
+        assert.same({ keyed }, page("key=k-42"))
+        assert.same({ keyed, ids.pending[1] }, page("topic_prefix=later"))
+        assert.same({ ids.buried[1] }, page("error=declined"))
+        assert.same({}, page("error=declined&status=completed"))
+        for _, q in ipairs { "key=%00", "topic_prefix=a%00", "error=%00x" } do
+          local st, _, j = call("GET", "/api/deliveries?" .. q)
+          assert.equal(400, st, q)
+          assert.matches("NUL", j.error)
+        end
+      end)
+    end)
+
     it("cancels a pending delivery with the token; a settled one is a conflict; kick and delete take a cancelled one", function()
       local store = S.open(entry, { migrate = true })
       local ids = D.fill(store)

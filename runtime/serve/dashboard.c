@@ -600,10 +600,20 @@ static void get_list(req *r)
     rb_list_req lr = {.newest_first = 1};
     lr.status = arg(r, "status");
     lr.topic = arg(r, "topic");
+    lr.key = arg(r, "key");
+    lr.topic_prefix = arg(r, "topic_prefix");
+    lr.error_text = arg(r, "error");
     lr.after = arg(r, "after");
     const char *lim = arg(r, "limit");
     if (lr.status && rb_status_parse(lr.status) < 0) { respond_error(r, 400, "unknown status"); return; }
-    if (arg_has_nul(r, "topic")) { respond_error(r, 400, "topic must not hold a NUL byte"); return; }
+    static const char *const texts[] = {"topic", "key", "topic_prefix", "error"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (arg_has_nul(r, texts[i])) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "%s must not hold a NUL byte", texts[i]);
+            respond_error(r, 400, msg);
+            return;
+        }
     if (lr.after && !valid_id(lr.after)) { respond_error(r, 400, "bad after: not an id"); return; }
     size_t limit = DEFAULT_LIMIT;
     if (lim) {

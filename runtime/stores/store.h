@@ -81,6 +81,9 @@ typedef struct rb_settle_op {
 typedef struct rb_list_req {
     const char *status;     /* NULL = any */
     const char *topic;      /* NULL = any */
+    /* a search (NULL = any): the key exactly, a topic that starts with topic_prefix, a
+     * last_error that contains error_text (bytes compared as they are) */
+    const char *key, *topic_prefix, *error_text;
     size_t limit;           /* 0 = default 100 */
     /* Pages for a viewer: newest first (by id: the most recently enqueued first) instead of
      * oldest first; with `after` (the last id of the previous page) only those older than it.

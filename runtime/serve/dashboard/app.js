@@ -123,6 +123,9 @@
     var q = ['limit=50'];
     if (state.status) q.push('status=' + encodeURIComponent(state.status));
     if (state.topic) q.push('topic=' + encodeURIComponent(state.topic));
+    if (state.prefix) q.push('topic_prefix=' + encodeURIComponent(state.prefix));
+    if (state.key) q.push('key=' + encodeURIComponent(state.key));
+    if (state.error) q.push('error=' + encodeURIComponent(state.error));
     if (state.after) q.push('after=' + encodeURIComponent(state.after));
     return '/api/deliveries?' + q.join('&');
   }
@@ -149,14 +152,28 @@
       $('next').disabled = !state.next;
       $('first').disabled = !state.after;
       $('list-info').textContent = r.body.deliveries.length + ' shown' +
-        (state.pages.length ? ' (page ' + (state.pages.length + 1) + ')' : '');
+        (state.pages.length ? ' (page ' + (state.pages.length + 1) + ')' : '') + filterNames();
     }).catch(function (e) { $('list-info').textContent = String(e); });
+  }
+
+  // What the list shows, in words: the filter it applies.
+  function filterNames() {
+    var parts = [];
+    if (state.status) parts.push('status ' + state.status);
+    if (state.topic) parts.push('topic \u201c' + state.topic + '\u201d');
+    if (state.prefix) parts.push('topic starting \u201c' + state.prefix + '\u201d');
+    if (state.key) parts.push('key \u201c' + state.key + '\u201d');
+    if (state.error) parts.push('error containing \u201c' + state.error + '\u201d');
+    return parts.length ? ' \u00b7 ' + parts.join(', ') : ' \u00b7 no filter';
   }
 
   $('filter').addEventListener('submit', function (ev) {
     ev.preventDefault();
     state.status = $('filter-status').value;
     state.topic = $('filter-topic').value;
+    state.prefix = $('filter-prefix').value;
+    state.key = $('filter-key').value;
+    state.error = $('filter-error').value;
     disarmKick();
     state.after = null; state.pages = [];
     refreshList();

@@ -10,6 +10,7 @@
 typedef struct rec_job {
     mjob j;
     char *id, *status, *topic, *after;
+    char *key, *prefix, *errtext;   /* a list's search, or NULL */
     int newest;                 /* a viewer's page: by _id, newest first, older than after */
     size_t limit;
     rb_delivery **recs;
@@ -39,12 +40,48 @@ static void get_work(mjob *j, mongoc_client_t *c)
     if (d) bson_destroy(d);
 }
 
+/* A regular expression that matches `text` literally, after `head` ("^" for a prefix). */
+static char *literal_regex(const char *head, const char *text)
+{
+    size_t n = strlen(text), k = strlen(head);
+    char *re = rb_malloc(k + 2 * n + 1);
+    if (!re) return NULL;
+    memcpy(re, head, k);
+    for (const char *p = text; *p; p++) {
+        if (strchr("\\^$.|?*+()[]{}", *p)) re[k++] = '\\';
+        re[k++] = *p;
+    }
+    re[k] = 0;
+    return re;
+}
+
+/* Adds {field: {$regex: re}}; 0 when out of memory. */
+static int add_regex(bson_t *f, const char *field, const char *head, const char *text)
+{
+    char *re = literal_regex(head, text);
+    if (!re) return 0;
+    bson_t r;
+    BSON_APPEND_DOCUMENT_BEGIN(f, field, &r);
+    BSON_APPEND_UTF8(&r, "$regex", re);
+    bson_append_document_end(f, &r);
+    free(re);
+    return 1;
+}
+
 static void list_work(mjob *j, mongoc_client_t *c)
 {
     rec_job *q = (rec_job *)j;
     bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
     if (q->status) BSON_APPEND_UTF8(&f, "status", q->status);
     if (q->topic) BSON_APPEND_UTF8(&f, "topic", q->topic);
+    if (q->key) BSON_APPEND_UTF8(&f, "key", q->key);
+    if ((q->prefix && !add_regex(&f, "topic", "^", q->prefix)) ||
+        (q->errtext && !add_regex(&f, "last_error", "", q->errtext))) {
+        bson_destroy(&f);
+        bson_destroy(&opts);
+        mg_fail(j, "out of memory");
+        return;
+    }
     if (q->newest && q->after) {
         bson_oid_t oid;
         bson_t lt;
@@ -82,6 +119,7 @@ static void rec_done(mjob *j, const char *err)
     rec_job *q = (rec_job *)j;
     mg_answer_records(j, err, q->recs, q->nrecs);
     free(q->id); free(q->status); free(q->topic); free(q->after);
+    free(q->key); free(q->prefix); free(q->errtext);
     free(q);
 }
 
@@ -111,8 +149,12 @@ void mg_list(rb_store *st, const rb_list_req *req, rb_records_cb cb, void *ud)
     q->limit = req ? req->limit : 0;
     q->newest = req && req->newest_first;
     q->after = mg_dupstr(q->newest ? req->after : NULL);
+    q->key = mg_dupstr(req ? req->key : NULL);
+    q->prefix = mg_dupstr(req ? req->topic_prefix : NULL);
+    q->errtext = mg_dupstr(req ? req->error_text : NULL);
     if ((req && req->status && !q->status) || (req && req->topic && !q->topic) ||
-        (q->newest && req->after && !q->after)) {
+        (q->newest && req->after && !q->after) || (req && req->key && !q->key) ||
+        (req && req->topic_prefix && !q->prefix) || (req && req->error_text && !q->errtext)) {
         rec_done(&q->j, MG_OOM);
         return;
     }

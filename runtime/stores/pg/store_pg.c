@@ -672,11 +672,12 @@ static void pg_list(rb_store *bs, const rb_list_req *req, rb_records_cb cb, void
     pg_store *s = (pg_store *)bs;
     const char *after = req->newest_first ? req->after : NULL;
     if (after && !valid_id(after)) { cb(ud, NULL, NULL, 0); return; }   /* an empty page */
-    pg_op *op = op_adhoc(s, req->newest_first ? s->sql_list_page : s->sql_list,
-                         req->newest_first ? 4 : 3, records_done, ud);
+    pg_op *op = op_adhoc(s, req->newest_first ? s->sql_list_page : s->sql_list, 7,
+                         records_done, ud);
     if (!op || !pg_op_param(op, 0, req->status) || !pg_op_param(op, 1, req->topic) ||
         !op_param_num(op, 2, req->limit ? (double)req->limit : 100, 1) ||
-        (req->newest_first && !pg_op_param(op, 3, after))) {
+        !pg_op_param(op, 3, after) || !pg_op_param(op, 4, req->key) ||
+        !pg_op_param(op, 5, req->topic_prefix) || !pg_op_param(op, 6, req->error_text)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", NULL, 0);
         return;

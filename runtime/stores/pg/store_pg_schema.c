@@ -410,13 +410,18 @@ const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_LREL] = "DELETE FROM \"@T_leases\" WHERE name = $1::text AND token = $2::text RETURNING 0",
 };
 
+/* The filters of a list: $1 status, $2 topic, $5 key, $6 a topic's prefix, $7 a text in
+ * last_error (NULL: any); $3 the limit, $4 the last id of the page before. */
+#define LIST_FILTERS "($1::text IS NULL OR status = $1::text)" \
+    " AND ($2::text IS NULL OR topic = $2::text) AND ($5::text IS NULL OR key = $5::text)" \
+    " AND ($6::text IS NULL OR starts_with(topic, $6::text))" \
+    " AND ($7::text IS NULL OR strpos(last_error, $7::text) > 0)"
 const char rb_pg_sql_list[] =
-    "SELECT " RECORD_COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
-    " AND ($2::text IS NULL OR topic = $2::text) ORDER BY id LIMIT $3::bigint";
+    "SELECT " RECORD_COLS " FROM \"@T\" WHERE " LIST_FILTERS
+    " AND ($4::bigint IS NULL OR id > $4::bigint) ORDER BY id LIMIT $3::bigint";
 const char rb_pg_sql_list_page[] =
-    "SELECT " RECORD_COLS " FROM \"@T\" WHERE ($1::text IS NULL OR status = $1::text)"
-    " AND ($2::text IS NULL OR topic = $2::text) AND ($4::bigint IS NULL OR id < $4::bigint)"
-    " ORDER BY id DESC LIMIT $3::bigint";
+    "SELECT " RECORD_COLS " FROM \"@T\" WHERE " LIST_FILTERS
+    " AND ($4::bigint IS NULL OR id < $4::bigint) ORDER BY id DESC LIMIT $3::bigint";
 /* A running delivery's lease loses its token (the run's later writes are refused) and keeps
  * its expiry, which a kick makes it due no earlier than (rb_pg_sql_kick); so does a pending
  * one that a kick left waiting for it. */

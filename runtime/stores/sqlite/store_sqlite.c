@@ -65,6 +65,7 @@ struct job {
     rb_value *params; size_t nparams;
     const char *id, *status, *topic, *name, *token, *sql;
     const char *after; int newest;      /* a list page */
+    const char *key, *prefix, *errtext; /* a list's search */
     size_t limit;
     double num;             /* lease duration, purge age */
     int which;              /* statement, kick mode */
@@ -663,9 +664,12 @@ static void list_sql(const job *j, char *sql, size_t cap)
         hint = " AND status IN ('completed','buried')";
     else if (j->status && !strcmp(j->status, "cancelled"))
         hint = " AND status = 'cancelled'";
-    snprintf(sql, cap, "SELECT " RECORD_COLS " FROM \"{t}\" WHERE 1%s%s%s%s ORDER BY id%s LIMIT ?3",
-             hint, j->status ? " AND status = ?1" : "", j->topic ? " AND topic = ?2" : "",
-             j->newest && j->after ? " AND id < ?4" : "", j->newest ? " DESC" : "");
+    snprintf(sql, cap, "SELECT " RECORD_COLS " FROM \"{t}\" WHERE 1%s%s%s%s%s%s%s ORDER BY id%s"
+             " LIMIT ?3", hint, j->status ? " AND status = ?1" : "",
+             j->topic ? " AND topic = ?2" : "", j->newest && j->after ? " AND id < ?4" : "",
+             j->key ? " AND key = ?5" : "",
+             j->prefix ? " AND substr(topic, 1, length(?6)) = ?6" : "",
+             j->errtext ? " AND instr(last_error, ?7) > 0" : "", j->newest ? " DESC" : "");
 }
 
 static job_rc run_list(rb_sqlite *s, job *j)
@@ -682,6 +686,9 @@ static job_rc run_list(rb_sqlite *s, job *j)
         bind_text(st, 2, j->topic);
         sqlite3_bind_int64(st, 3, j->limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)j->limit);
         if (j->newest && j->after) sqlite3_bind_int64(st, 4, after);
+        bind_text(st, 5, j->key);
+        bind_text(st, 6, j->prefix);
+        bind_text(st, 7, j->errtext);
         rc = collect_records(s, j, st);
     }
     sqlite3_finalize(st);
@@ -1577,6 +1584,9 @@ static void sq_list(rb_store *base, const rb_list_req *req, rb_records_cb cb, vo
     j->limit = req && req->limit ? req->limit : LIST_DEFAULT;
     j->newest = req && req->newest_first;
     j->after = keep(j, req && req->newest_first ? req->after : NULL);
+    j->key = keep(j, req ? req->key : NULL);
+    j->prefix = keep(j, req ? req->topic_prefix : NULL);
+    j->errtext = keep(j, req ? req->error_text : NULL);
     submit(s, j);
 }
 
