@@ -447,7 +447,7 @@ static const char *list_text(lua_State *L, const char *field)
 {
     lua_getfield(L, 2, field);
     if (lua_isnil(L, -1)) return NULL;
-    size_t n;
+    size_t n = 0;
     const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
     if (!v) rb_misuse(L, "list: %s must be a string", field);
     if (strlen(v) != n) rb_misuse(L, "list: %s must not contain a NUL byte", field);

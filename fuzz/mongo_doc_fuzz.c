@@ -22,7 +22,7 @@ static void check_record(const bson_t *d)
     rb_delivery *r = mg_record_from(d, NULL);
     if (!r) return;
     CHECK(strlen(r->id) == 24 && strspn(r->id, "0123456789abcdef") == 24);
-    CHECK(r->status >= RB_PENDING && r->status <= RB_BURIED);
+    CHECK(r->status >= RB_PENDING && r->status < RB_STATUS_COUNT);
     CHECK(r->attempts >= 0 && r->max_attempts >= 0);
     CHECK(isfinite(r->run_at) && isfinite(r->created_at) && isfinite(r->lease_expires_at));
     CHECK(r->payload != NULL);
