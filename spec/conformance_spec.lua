@@ -1335,11 +1335,20 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.same({}, ids { error_text = "mailbox.*" })
         assert.same({}, ids { error_text = "550", status = "pending" })
         assert.same({ b }, ids { topic_prefix = "srch.pay", key = "order-8" })
-        for _, hostile in ipairs { "^", "$", ".*", "\\", "%", "_", "'", "[", "(?i)", "\xff\xfe" } do
+        local text = "SMTP 550: mailbox (x.y) unavailable [*]"
+        for _, hostile in ipairs { "^", "$", ".*", "\\", "%", "_", "'", "[", "(?i)", "(x.y)", "\xff\xfe" } do
           local r, err = store:list { topic_prefix = hostile }
           if r == nil then H.one_line(err) else assert.same({}, r, hostile) end
+          -- literally: found exactly when the text holds it
+          local want = text:find(hostile, 1, true) and { c } or {}
           r, err = store:list { error_text = hostile }
-          if r == nil then H.one_line(err) else assert.same({}, r, hostile) end
+          if r == nil then
+            H.one_line(err)
+          else
+            local got = {}
+            for _, x in ipairs(r) do got[#got + 1] = x.id end
+            assert.same(want, got, hostile)
+          end
         end
         for _, bad in ipairs { 5, {}, "a\0b" } do
           H.raises_relaybus(function() store:list { key = bad } end)

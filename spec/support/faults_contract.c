@@ -56,9 +56,10 @@ static void b_stats(rb_store *s, rb_stats_cb cb, void *ud)
     pthread_create(&stats_thread, NULL, answer_stats, a);     /* another thread */
 }
 
-static void b_kick(rb_store *s, rb_kick_mode mode, const char *id, rb_count_cb cb, void *ud)
+static void b_kick(rb_store *s, rb_kick_mode mode, const char *id, const char *topic,
+                   rb_count_cb cb, void *ud)
 {
-    (void)s; (void)mode; (void)id;
+    (void)s; (void)mode; (void)id; (void)topic;
     cb(ud, "first line\nsecond line", 0);
 }
 
@@ -144,7 +145,7 @@ int main(void)
     f->vt->get(f, "1", on_records, (void *)(intptr_t)A_GET);
     f->vt->list(f, &(rb_list_req){.limit = 10}, on_records, (void *)(intptr_t)A_LIST);
     f->vt->stats(f, on_stats, NULL);
-    f->vt->kick(f, RB_KICK_ONE, "1", on_count, NULL);
+    f->vt->kick(f, RB_KICK_ONE, "1", NULL, on_count, NULL);
     rb_claim_req req = {NULL, 0, 1, 1};
     f->vt->claim(f, &req, on_claim, NULL);
     ev_timer t;

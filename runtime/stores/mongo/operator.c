@@ -83,8 +83,12 @@ static rb_rowset *to_rowset(topics_job *q, int ncounts)
 /* The pipeline: all documents grouped by topic and status, or (pending topics) the earliest
  * due pending ones, at most scan_max, grouped by topic: through the {status, run_at} index on
  * MongoDB; FerretDB pushes down only _id lookups, so there every pending document is read. */
-static bson_t *topics_pipeline(const topics_job *q)
+static bson_t *topics_pipeline(const topics_job *q, int ferretdb)
 {
+    if (!q->scan_max && ferretdb)       /* (FerretDB 1.x has no $min: first_pending reads it) */
+        return BCON_NEW("pipeline", "[", "{", "$group", "{", "_id", "{", "t", BCON_UTF8("$topic"),
+                        "s", BCON_UTF8("$status"), "}", "n", "{", "$sum", BCON_INT32(1), "}",
+                        "}", "}", "]");
     if (!q->scan_max)
         return BCON_NEW("pipeline", "[", "{", "$group", "{", "_id", "{", "t", BCON_UTF8("$topic"),
                         "s", BCON_UTF8("$status"), "}", "n", "{", "$sum", BCON_INT32(1), "}",
@@ -98,12 +102,36 @@ static bson_t *topics_pipeline(const topics_job *q)
                     "]");
 }
 
+/* FerretDB: the earliest run_at of each topic's pending deliveries, one sorted read each. */
+static int first_pending(mjob *j, mongoc_collection_t *cl, topics_job *q)
+{
+    for (size_t i = 0; i < q->nrows; i++) {
+        topic_row *r = &q->rows[i];
+        if (!r->n[RB_PENDING]) continue;
+        bson_t *f = BCON_NEW("topic", BCON_UTF8(r->topic), "status", BCON_UTF8("pending"));
+        bson_t *opts = BCON_NEW("sort", "{", "run_at", BCON_INT32(1), "}", "limit", BCON_INT64(1),
+                                "projection", "{", "run_at", BCON_INT32(1), "}");
+        bson_t **docs = NULL;
+        size_t n = 0;
+        int rc = mg_find_docs(j, cl, f, opts, NULL, &docs, &n);
+        if (rc == 0 && n == 1) {
+            double first = mg_doc_num(docs[0], "run_at");
+            if (isfinite(first) && first > 0) r->first_pending = first;
+        }
+        mg_docs_free(docs, n);
+        bson_destroy(f);
+        bson_destroy(opts);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
 static void topics_work(mjob *j, mongoc_client_t *c)
 {
     topics_job *q = (topics_job *)j;
     q->now = mg_now(j->s);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
-    bson_t *pipe = topics_pipeline(q);
+    bson_t *pipe = topics_pipeline(q, j->s->ferretdb);
     mongoc_cursor_t *cur = mongoc_collection_aggregate(cl, MONGOC_QUERY_NONE, pipe, NULL, NULL);
     const bson_t *d;
     bson_error_t e;
@@ -131,7 +159,9 @@ static void topics_work(mjob *j, mongoc_client_t *c)
     }
     if (mongoc_cursor_error(cur, &e)) mg_fail_bson(j, "topic stats", &e);
     else if (oom) mg_fail(j, "out of memory");
-    else {
+    else if (!q->scan_max && j->s->ferretdb && first_pending(j, cl, q) < 0) {
+        /* (failed: the error is the job's) */
+    } else {
         if (q->nrows) qsort(q->rows, q->nrows, sizeof *q->rows, by_topic);   /* rows is NULL when none */
         if (!(q->rs = to_rowset(q, q->scan_max ? 1 : RB_STATUS_COUNT))) mg_fail(j, "out of memory");
     }
