@@ -193,7 +193,7 @@
   function permalink(id) { return '#delivery=' + encodeURIComponent(id); }
   function openDelivery(id, scroll) {
     state.selected = id;
-    if (location.hash !== permalink(id)) history.replaceState(null, '', permalink(id));
+    if (location.hash !== permalink(id)) window.history.replaceState(null, '', permalink(id));
     return api('GET', '/api/deliveries/' + encodeURIComponent(id)).then(function (r) {
       var box = $('detail');
       box.hidden = false;
@@ -260,7 +260,7 @@
       if (done) {
         $('detail').hidden = true;
         state.selected = null;
-        history.replaceState(null, '', location.pathname + location.search);
+        window.history.replaceState(null, '', location.pathname + location.search);
       }
     });
   });
