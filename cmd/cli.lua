@@ -578,15 +578,16 @@ function CHECKS.kick(c, pos)
   if c.id == "" then usage("kick: ID must not be empty") end
 end
 
-local function id_arg(cmd, c, pos)
+-- The one argument of a command (its ID, its TOPIC) into c[field]: there, and not empty.
+local function one_arg(cmd, c, pos, field, name)
   max_args(cmd, pos, 1)
-  c.id = pos[1]
-  if not c.id then usage("%s: missing ID (see relaybus %s --help)", cmd, cmd) end
-  if c.id == "" then usage("%s: ID must not be empty", cmd) end
+  c[field] = pos[1]
+  if not c[field] then usage("%s: missing %s (see relaybus %s --help)", cmd, name, cmd) end
+  if c[field] == "" then usage("%s: %s must not be empty", cmd, name) end
 end
 
-function CHECKS.show(c, pos) id_arg("show", c, pos) end
-function CHECKS.cancel(c, pos) id_arg("cancel", c, pos) end
+function CHECKS.show(c, pos) one_arg("show", c, pos, "id", "ID") end
+function CHECKS.cancel(c, pos) one_arg("cancel", c, pos, "id", "ID") end
 
 function CHECKS.purge(c, pos)
   max_args("purge", pos, 0)
@@ -596,15 +597,8 @@ function CHECKS.purge(c, pos)
   if c.opts["older-than"] == nil then usage("purge: missing --older-than S (0 for all)") end
 end
 
-local function topic_arg(cmd, c, pos)
-  max_args(cmd, pos, 1)
-  c.topic = pos[1]
-  if not c.topic then usage("%s: missing TOPIC (see relaybus %s --help)", cmd, cmd) end
-  if c.topic == "" then usage("%s: TOPIC must not be empty", cmd) end
-end
-
-function CHECKS.pause(c, pos) topic_arg("pause", c, pos) end
-function CHECKS.resume(c, pos) topic_arg("resume", c, pos) end
+function CHECKS.pause(c, pos) one_arg("pause", c, pos, "topic", "TOPIC") end
+function CHECKS.resume(c, pos) one_arg("resume", c, pos, "topic", "TOPIC") end
 function CHECKS.paused(c, pos) max_args("paused", pos, 0) end
 
 function CHECKS.migrate(c, pos) max_args("migrate", pos, 0) end
