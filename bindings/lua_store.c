@@ -236,18 +236,16 @@ static void on_topic_stats(void *ud, const char *err, rb_rowset *rs)
     if (T && err) nres = push_err(T, err);
     else if (T) {
         lua_createtable(T, rs ? (int)rs->nrows : 0, 0);
-        for (size_t i = 0; rs && rs->ncols >= 6 && i < rs->nrows; i++) {
+        for (size_t i = 0; rs && rs->ncols >= 1 + RB_STATUS_COUNT && i < rs->nrows; i++) {
             const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
-            lua_createtable(T, 0, 6);
+            lua_createtable(T, 0, 1 + RB_STATUS_COUNT);
             if (v[0].type == RB_VTEXT) lua_pushlstring(T, v[0].s, v[0].len);
             else lua_pushliteral(T, "");
             lua_setfield(T, -2, "topic");
-            static const char *const names[] = {"pending", "processing", "completed", "buried",
-                                                "cancelled"};
-            for (int c = 1; c < 6; c++) {
+            for (int c = 1; c <= RB_STATUS_COUNT; c++) {
                 lua_pushinteger(T, v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT
                                        ? (lua_Integer)v[c].f : 0);
-                lua_setfield(T, -2, names[c - 1]);
+                lua_setfield(T, -2, rb_status_name((rb_status)(c - 1)));
             }
             lua_rawseti(T, -2, (lua_Integer)i + 1);
         }

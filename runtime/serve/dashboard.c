@@ -366,15 +366,13 @@ static json_t *topics_json(const rb_rowset *rs)
     if (!rs || !a) return a;
     for (size_t i = 0; i < rs->nrows; i++) {
         const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
-        if (rs->ncols < 6) break;
+        if (rs->ncols < 1 + RB_STATUS_COUNT) break;
         json_t *o = json_object();
         json_object_set_new(o, "topic", v[0].type == RB_VTEXT ? jtext(v[0].s) : json_null());
-        static const char *const names[] = {"pending", "processing", "completed", "buried",
-                                            "cancelled"};
-        for (int c = 1; c < 6; c++) {
+        for (int c = 1; c <= RB_STATUS_COUNT; c++) {
             int64_t n = v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT ? (int64_t)v[c].f
                       : v[c].type == RB_VTEXT ? strtoll(v[c].s, NULL, 10) : 0;
-            json_object_set_new(o, names[c - 1], json_integer(n));
+            json_object_set_new(o, rb_status_name((rb_status)(c - 1)), json_integer(n));
         }
         json_array_append_new(a, o);
     }
