@@ -1619,6 +1619,28 @@ for _, entry in ipairs(S.list { dialects = true }) do
           assert.equal(2, n)
         end)
 
+        it("a transactional handler's progress is kept with its completion; a failing one's only where it is written apart", function()
+          local ok_id = assert(store:enqueue("txh.prog", { fail = false }))
+          local bad_id = assert(store:enqueue("txh.prog", { fail = true }, { max_attempts = 1 }))
+          local answers, n = {}, 0
+          assert.is_true(drive(store, "txh.prog", function(delivery, ctx, stop)
+            n = n + 1
+            if n == 2 then stop() end
+            answers[#answers + 1] = table.pack(ctx:progress { step = n })
+            if delivery.payload.fail then error("failed after its progress", 0) end
+          end, nil, { transactional = true }))
+          for _, a in ipairs(answers) do assert.same({ true, n = 1 }, a) end
+          assert.truthy(H.poll(function() return assert(store:get(bad_id)).status == "buried" end, 5))
+          local good = expect(store, ok_id, { status = "completed" })
+          assert.is_table(good.progress)
+          local bad = assert(store:get(bad_id))
+          if store:kind() == "sqlite" then
+            assert.is_nil(bad.progress, "written in the transaction: rolled back with it")
+          else
+            assert.is_table(bad.progress, "written apart, at once: it stays")
+          end
+        end)
+
         it("a transactional handler's writes and the completion commit together", function()
           local id = assert(store:enqueue("txh.ok", { n = 11 }))
           local had_tx
