@@ -449,6 +449,7 @@ static const char *list_text(lua_State *L, const char *field)
     const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
     if (!v) rb_misuse(L, "list: %s must be a string", field);
     if (strlen(v) != n) rb_misuse(L, "list: %s must not contain a NUL byte", field);
+    if (n > RB_SEARCH_MAX) rb_misuse(L, "list: %s must be at most %d bytes", field, RB_SEARCH_MAX);
     return v;
 }
 

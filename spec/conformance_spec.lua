@@ -1222,6 +1222,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
 
       it("unknown and hostile ids answer false and change nothing; a non-id is misuse", function()
         local id = assert(store:enqueue("cn.hostile", 1))
+        -- (found by attack: SQLite read " 2", "+2", "02" and "\t2" as 2, PostgreSQL "02")
+        for _, alias in ipairs { " " .. id, "+" .. id, "0" .. id, "\t" .. id, id .. " ", string.upper(id) .. "\n" } do
+          assert.is_false(answer(store:cancel(alias)), "cancel of " .. alias)
+          assert.is_nil((store:get(alias)), "get of " .. alias)
+        end
         for _, bad in ipairs { "", "0", "-1", "1e3", "99999999999999999999999", id .. "\0",
                                "000000000000000000000000", "' OR 1=1 --", string.rep("9", 10000),
                                "\xff\xfe", 42 } do
@@ -1349,6 +1354,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
             for _, x in ipairs(r) do got[#got + 1] = x.id end
             assert.same(want, got, hostile)
           end
+        end
+        -- (found by attack: a megabyte's regular expression stalled FerretDB for 40 s)
+        for _, field in ipairs { "key", "topic_prefix", "error_text" } do
+          H.raises_relaybus(function() store:list { [field] = string.rep("a", 1025) } end)
+          assert.same({}, assert(store:list { [field] = string.rep("a", 1024) }))
         end
         for _, bad in ipairs { 5, {}, "a\0b" } do
           H.raises_relaybus(function() store:list { key = bad } end)

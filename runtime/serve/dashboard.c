@@ -594,6 +594,12 @@ static void get_list(req *r)
     lr.after = arg(r, "after");
     const char *lim = arg(r, "limit");
     if (lr.status && rb_status_parse(lr.status) < 0) { respond_error(r, 400, "unknown status"); return; }
+    if ((lr.key && strlen(lr.key) > RB_SEARCH_MAX) ||
+        (lr.topic_prefix && strlen(lr.topic_prefix) > RB_SEARCH_MAX) ||
+        (lr.error_text && strlen(lr.error_text) > RB_SEARCH_MAX)) {
+        respond_error(r, 400, "a search text is longer than 1024 bytes");
+        return;
+    }
     if (lr.after && !valid_id(lr.after)) { respond_error(r, 400, "bad after: not an id"); return; }
     size_t limit = DEFAULT_LIMIT;
     if (lim) {

@@ -186,6 +186,15 @@ void rb_random_token(char out[33])
     out[32] = 0;
 }
 
+int rb_decimal_id(const char *id)
+{
+    if (!id || *id < '1' || *id > '9') return 0;
+    size_t n = 0;
+    for (const char *p = id; *p; p++, n++)
+        if (*p < '0' || *p > '9') return 0;
+    return n <= 18;
+}
+
 void rb_store_notify_local(rb_store *s)
 {
     if (s->local_wakeup) s->local_wakeup(s->local_wakeup_ud);

@@ -78,11 +78,13 @@ typedef struct rb_settle_op {
     double lease_expires_at;/* EXTEND: the new expiry (epoch s) when applied */
 } rb_settle_op;
 
+#define RB_SEARCH_MAX 1024
 typedef struct rb_list_req {
     const char *status;     /* NULL = any */
     const char *topic;      /* NULL = any */
     /* a search (NULL = any): the key exactly, a topic that starts with topic_prefix, a
-     * last_error that contains error_text (bytes compared as they are) */
+     * last_error that contains error_text (bytes compared as they are); callers keep each
+     * to RB_SEARCH_MAX bytes (a regular expression of a megabyte stalls a MongoDB server) */
     const char *key, *topic_prefix, *error_text;
     size_t limit;           /* 0 = default 100 */
     /* Pages for a viewer: newest first (by id: the most recently enqueued first) instead of
@@ -380,6 +382,8 @@ void rb_tune_malloc(void);
 
 /* Helpers shared by the stores (store.c). */
 int rb_valid_identifier(const char *name);          /* [A-Za-z_][A-Za-z0-9_]{0,62} */
+/* An id as the SQL stores write them: [1-9][0-9]{0,17}. " 2", "+2" and "02" are no ids. */
+int rb_decimal_id(const char *id);
 void rb_random_token(char out[33]);                 /* 128 random bits, hex */
 void rb_store_notify_local(rb_store *s);            /* call after a commit that added deliveries */
 /* call when a cancel took delivery `id` (as the store writes ids) out of processing, under

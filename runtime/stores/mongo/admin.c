@@ -75,6 +75,15 @@ static void list_work(mjob *j, mongoc_client_t *c)
     if (q->status) BSON_APPEND_UTF8(&f, "status", q->status);
     if (q->topic) BSON_APPEND_UTF8(&f, "topic", q->topic);
     if (q->key) BSON_APPEND_UTF8(&f, "key", q->key);
+    /* no stored string holds bytes that are not UTF-8: nothing matches them (and the server
+     * would refuse the expression, quoting them) */
+    if ((q->prefix && !bson_utf8_validate(q->prefix, strlen(q->prefix), false)) ||
+        (q->errtext && !bson_utf8_validate(q->errtext, strlen(q->errtext), false))) {
+        bson_destroy(&f);
+        bson_destroy(&opts);
+        recs_from_docs(q, NULL, 0);
+        return;
+    }
     if ((q->prefix && !add_regex(&f, "topic", "^", q->prefix)) ||
         (q->errtext && !add_regex(&f, "last_error", "", q->errtext))) {
         bson_destroy(&f);

@@ -41,14 +41,6 @@ const char pg_closed_msg[] = "postgresql: store closed";
 static void quiet_notice(void *arg, const char *msg) { (void)arg; (void)msg; }
 
 /* Decimal bigint ids only; anything else names no delivery. */
-static int valid_id(const char *id)
-{
-    if (!id || !*id) return 0;
-    size_t n = 0;
-    for (const char *p = id; *p; p++, n++)
-        if (!isdigit((unsigned char)*p)) return 0;
-    return n <= 18;
-}
 
 /* Array literals ({"a","b"}, {1,2}) are written into rb_bufs (zeroed, they are empty). */
 
@@ -505,7 +497,7 @@ static int settle_round(pg_op *op, int first)
     if (!op->map || !seen) { free(seen); return -1; }
     for (; i < op->nsops; i++) {
         rb_settle_op *so = &op->sops[i];
-        if (!valid_id(so->id) || !so->token) continue;     /* names nothing: not applied */
+        if (!rb_decimal_id(so->id) || !so->token) continue;     /* names nothing: not applied */
         unsigned long long key = strtoull(so->id, NULL, 10) + 1;
         size_t h = (size_t)rb_hash_u64(key) & (cap - 1);
         while (seen[h] && seen[h] != key) h = (h + 1) & (cap - 1);
@@ -659,7 +651,7 @@ static pg_op *op_adhoc(pg_store *s, const char *sql, int nparams, pg_done_fn don
 static void pg_get(rb_store *bs, const char *id, rb_records_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    if (!valid_id(id)) { cb(ud, NULL, NULL, 0); return; }
+    if (!rb_decimal_id(id)) { cb(ud, NULL, NULL, 0); return; }
     pg_op *op = op_adhoc(s, NULL, 1, records_done, ud);
     if (!op || !pg_op_param(op, 0, id)) { pg_op_free(op); cb(ud, "postgresql: out of memory", NULL, 0); return; }
     op->stmt = ST_GET;
@@ -671,7 +663,7 @@ static void pg_list(rb_store *bs, const rb_list_req *req, rb_records_cb cb, void
 {
     pg_store *s = (pg_store *)bs;
     const char *after = req->newest_first ? req->after : NULL;
-    if (after && !valid_id(after)) { cb(ud, NULL, NULL, 0); return; }   /* an empty page */
+    if (after && !rb_decimal_id(after)) { cb(ud, NULL, NULL, 0); return; }   /* an empty page */
     pg_op *op = op_adhoc(s, req->newest_first ? s->sql_list_page : s->sql_list, 7,
                          records_done, ud);
     if (!op || !pg_op_param(op, 0, req->status) || !pg_op_param(op, 1, req->topic) ||
@@ -699,7 +691,7 @@ static void pg_kick(rb_store *bs, rb_kick_mode mode, const char *id, const char 
                     rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    if (mode == RB_KICK_ONE && !valid_id(id)) { cb(ud, NULL, 0); return; }
+    if (mode == RB_KICK_ONE && !rb_decimal_id(id)) { cb(ud, NULL, 0); return; }
     pg_op *op = op_adhoc(s, s->sql_kick, 2, pg_count_done, ud);
     if (!op || !pg_op_param(op, 0, mode == RB_KICK_ONE ? id : NULL) ||
         !pg_op_param(op, 1, mode == RB_KICK_ONE ? NULL : topic)) {
@@ -865,7 +857,7 @@ static void pg_pending_topics(rb_store *bs, size_t scan_max, rb_rows_cb cb, void
 static void one_op(pg_store *s, const char *sql, const char *id, const char *reason, int np,
                    rb_count_cb cb, void *ud)
 {
-    if (!valid_id(id)) { cb(ud, NULL, 0); return; }
+    if (!rb_decimal_id(id)) { cb(ud, NULL, 0); return; }
     pg_op *op = op_adhoc(s, sql, np, pg_count_done, ud);
     if (!op || !pg_op_param(op, 0, id) || (np > 1 && !pg_op_param(op, 1, reason))) {
         pg_op_free(op);
@@ -896,7 +888,7 @@ static void cancel_done(pg_op *op, PGresult *res, const char *err)
 static void pg_cancel(rb_store *bs, const char *id, const char *reason, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    if (!valid_id(id)) { cb(ud, NULL, 0); return; }
+    if (!rb_decimal_id(id)) { cb(ud, NULL, 0); return; }
     pg_op *op = op_adhoc(s, s->sql_cancel_one, 3, cancel_done, ud);
     if (!op || !pg_op_param(op, 0, id) || !pg_op_param(op, 1, reason) ||
         !pg_op_param(op, 2, s->base.table)) {
@@ -913,7 +905,7 @@ static void pg_progress(rb_store *bs, rb_tx *tx, const char *id, const char *tok
 {
     (void)tx;       /* written apart, at once: the run's transaction holds no lock on the row */
     pg_store *s = (pg_store *)bs;
-    if (!valid_id(id)) { cb(ud, NULL, 0); return; }
+    if (!rb_decimal_id(id)) { cb(ud, NULL, 0); return; }
     pg_op *op = op_adhoc(s, s->sql_progress, 3, pg_count_done, ud);
     if (!op || !pg_op_param(op, 0, id) || !pg_op_param(op, 1, token) || !pg_op_param(op, 2, json)) {
         pg_op_free(op);

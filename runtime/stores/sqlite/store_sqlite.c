@@ -141,12 +141,8 @@ static int is_busy(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) ==
 
 static int parse_id(const char *text, sqlite3_int64 *out)
 {
-    if (!text || !*text) return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (*end || v <= 0 || errno == ERANGE) return 0;     /* past int64 names no row */
-    *out = v;
+    if (!rb_decimal_id(text)) return 0;
+    *out = strtoll(text, NULL, 10);     /* (18 digits at most: within int64) */
     return 1;
 }
 
