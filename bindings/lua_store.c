@@ -557,7 +557,7 @@ static int l_store_cancel(lua_State *L)
 {
     rb_store *s = check_lua_store(L, 1)->s;
     if (lua_type(L, 2) != LUA_TSTRING && lua_type(L, 2) != LUA_TNUMBER)
-        return rb_misuse(L, "cancel: expected a delivery id (a string)");
+        return rb_misuse(L, "cancel: expected a delivery id (a string or a number)");
     size_t n;
     const char *id = lua_tolstring(L, 2, &n);
     if (strlen(id) != n) {      /* no id holds a NUL */

@@ -988,7 +988,7 @@ function commands.dashboard(c)
                                                 token = c.opts.token })
   if not ok or not srv then
     store:close()
-    runtime("dashboard: %s", show(scrub(tostring(ok and err or srv)), nil, true))
+    runtime("dashboard: %s", show(scrub((tostring(ok and err or srv):gsub("^relaybus: ", ""))), nil, true))
   end
   local token = c.opts.token or os.getenv("RELAYBUS_DASHBOARD_TOKEN")
   io.stdout:write("relaybus dashboard: ", srv:url(),

@@ -659,5 +659,12 @@ describe("relaybus dashboard", function()
       assert.falsy(ok)
       assert.equal(2, code)
     end
+    -- a short token from the environment: one "relaybus:" prefix, not two
+    local url = "sqlite:" .. S.tmpfile("dash") .. ".db"
+    assert(relaybus.open(url, { migrate = true })):close()
+    local f = io.popen("RELAYBUS_DASHBOARD_TOKEN=short " .. S.quote(S.bin) .. " dashboard " .. S.quote(url) .. " 2>&1")
+    local out = f:read("a")
+    f:close()
+    assert.equal("relaybus: dashboard: serve: token must be at least 8 characters\n", out)
   end)
 end)
