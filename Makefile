@@ -181,16 +181,22 @@ $(BUILD)/mongo_enqueue: spec/support/mongo_enqueue.c
 # store as a library for C (librelaybus_testing.a), and the Lua module relaybus_testing the
 # specs load. The module calls relaybus's own functions, which the command or the module that
 # loaded it provides, as for the optional parts.
-TESTING_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(wildcard testing/*.c))
-$(BUILD)/librelaybus_testing.a: $(BUILD)/testing/store_faults.o
+# The allocation calls with a failure to inject (testing/alloc_faults.c) take the place of
+# util/alloc.c's: in C by coming first on the link line, in Lua as relaybus_allocfail.so,
+# which the specs load globally before relaybus.so (runtime/util/alloc.h says why that works).
+TESTING_OBJ = $(BUILD)/testing/lua_testing.o $(BUILD)/testing/store_faults.o
+$(BUILD)/librelaybus_testing.a: $(BUILD)/testing/store_faults.o $(BUILD)/testing/alloc_faults.o
 	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/relaybus_allocfail.so: $(BUILD)/testing/alloc_faults.o
+	$(CC) -shared $(LDFLAGS) -o $@ $^
 
 # -z nodelete: a Lua state closing unloads its C modules, and what the fault store's
 # registry still holds would then count as leaked.
 $(BUILD)/relaybus_testing.so: $(TESTING_OBJ)
 	$(CC) -shared $(LDFLAGS) -Wl,-z,nodelete -o $@ $^
 
-testing: $(BUILD)/relaybus_testing.so $(BUILD)/librelaybus_testing.a
+testing: $(BUILD)/relaybus_testing.so $(BUILD)/relaybus_allocfail.so $(BUILD)/librelaybus_testing.a
 
 # Checks the contract checks of the fault-injecting store against a store that breaks them.
 $(BUILD)/faults_contract: spec/support/faults_contract.c $(BUILD)/librelaybus_testing.a $(BUILD)/librelaybus.a
@@ -235,7 +241,7 @@ $(BUILD)/ctest/alloc_pg_test: spec/c/alloc_test.c
 
 $(BUILD)/ctest/harness.o: spec/c/harness.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -Itesting -c $< -o $@
 
 $(BUILD)/ctest/%: spec/c/%.c spec/c/harness.h $(BUILD)/ctest/harness.o $(BUILD)/librelaybus_testing.a \
                  $(BUILD)/librelaybus.a

@@ -4,7 +4,9 @@
  *                                 fault-injecting wrapper of store_faults.h
  *   testing.fault_stats(store)    that wrapper's counts
  *   testing.fail_alloc(n)         the nth allocation of the C core from now fails (0: none);
- *                                 returns how many have failed through it so far (alloc.h)
+ *                                 returns how many have failed through it so far
+ *                                 (alloc_faults.h; needs relaybus_allocfail.so loaded globally
+ *                                 before relaybus.so, as spec/support/stores.lua does)
  *   testing.daemon(fn, ...)       relaybus.spawn for a task relaybus.run() does not wait for
  * It calls relaybus's own functions: the relaybus command exports them, and from a plain Lua
  * interpreter relaybus.so must be loaded globally first (spec/support/stores.lua does).
@@ -12,11 +14,11 @@
  * The object testing.faults makes wraps the one given and keeps it alive; closing the wrapper
  * leaves the inner store open (its own object closes it), and once the inner object is closed
  * the wrapper answers every operation "store closed". */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "util/alloc.h"
 #include "util/log.h"
 #include "store_faults.h"
 
@@ -161,10 +163,16 @@ static int l_fault_stats(lua_State *L)
     return 1;
 }
 
+/* (looked up when called: the relaybus command, which also loads this module, has the plain
+ * allocation calls and no hook) */
 static int l_fail_alloc(lua_State *L)
 {
     lua_Integer n = luaL_checkinteger(L, 1);
-    lua_pushinteger(L, rb_alloc_fail_nth((long)(n > 0 ? n : 0)));
+    long (*fail_nth)(long) = (long (*)(long))dlsym(RTLD_DEFAULT, "rb_alloc_fail_nth");
+    if (!fail_nth)
+        return luaL_error(L, "testing.fail_alloc: relaybus_allocfail.so was not loaded before "
+                             "relaybus.so");
+    lua_pushinteger(L, fail_nth((long)(n > 0 ? n : 0)));
     return 1;
 }
 

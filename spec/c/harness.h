@@ -17,7 +17,7 @@
 #include <ev.h>
 #include "dispatch/dispatcher.h"
 #include "stores/store.h"
-#include "util/alloc.h"
+#include "alloc_faults.h"      /* util/alloc.h, and the failure to inject */
 #include "util/clock.h"
 
 typedef enum { TH_SQLITE_MEMORY, TH_SQLITE_FILE, TH_POSTGRESQL } th_kind;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
-#include "util/alloc.h"
+#include "alloc_faults.h"
 #include "util/hmap.h"
 
 #define N 3000

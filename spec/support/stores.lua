@@ -22,10 +22,13 @@ M.bin = os.getenv("RELAYBUS_BIN") or build .. "/relaybus"
 M.support = cwd .. "/spec/support"
 
 -- The module, loaded once per Lua state: busted unloads what a spec file required, so the
--- module is kept in the registry and luaopen runs only once.
+-- module is kept in the registry and luaopen runs only once. relaybus_allocfail.so (the
+-- allocation calls with testing.fail_alloc's failure, testing/alloc_faults.c) is loaded
+-- globally first, so relaybus.so's allocation calls bind to it and not to its own.
 function M.relaybus()
   local reg = debug.getregistry()
   if not reg.__relaybus_spec_module then
+    assert(package.loadlib(build .. "/relaybus_allocfail.so", "*"))
     package.cpath = build .. "/?.so;" .. package.cpath
     reg.__relaybus_spec_module = require "relaybus"
   end
