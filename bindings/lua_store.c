@@ -93,6 +93,7 @@ void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d)
     set_str(L, "id", d->id);
     set_str(L, "topic", d->topic);
     set_str(L, "key", d->key);
+    set_str(L, "group", d->group);
     set_str(L, "status", rb_status_name(d->status));
     lua_pushinteger(L, d->attempts);
     lua_setfield(L, -2, "attempts");
@@ -269,7 +270,7 @@ static void on_done(void *ud, const char *err)
 }
 
 /* ---- building enqueue items ----------------------------------------------------------------- */
-static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", NULL};
+static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", "group", NULL};
 
 /* A Lua string payload is stored as a JSON string (docs/lua.md, enqueue); one that looks like
  * JSON text was most likely meant as that, so say once per process where the way is. */
@@ -325,7 +326,14 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
         it->key = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
         if (it->key && strlen(it->key) != lua_rawlen(L, -1))
             rb_misuse(L, "%s: key must not contain a NUL byte", what);
-        /* the key and payload strings stay on the stack until the call ends */
+        lua_getfield(L, oi, "group");
+        if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
+            rb_misuse(L, "%s: group must be a string", what);
+        it->group = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
+        if (it->group && !rb_group_valid(it->group, lua_rawlen(L, -1)))
+            rb_misuse(L, "%s: group must be 1 to %d bytes of UTF-8 without a NUL byte", what,
+                      RB_GROUP_MAX);
+        /* the key, group and payload strings stay on the stack until the call ends */
     }
 }
 

@@ -288,6 +288,7 @@ Options:
   --delay S         run no sooner than S seconds from now
   --key K           dedupe key: while a delivery of TOPIC with key K is pending or
                     processing, print its id and add nothing
+  --group G         ordered group: deliveries of group G run one at a time, in order
   --max-attempts N  bury after N attempts (default 25)
 ]] .. STORE_HELP
 
@@ -412,7 +413,8 @@ local COMMON = { store = "store", table = "table", help = "flag" }
 
 local SPECS = {
   run = { options = { store = "store", help = "flag" }, stop_at_positional = true },
-  enqueue = { options = { delay = "seconds", key = "string", ["max-attempts"] = "count" } },
+  enqueue = { options = { delay = "seconds", key = "string", group = "string",
+                          ["max-attempts"] = "count" } },
   stats = { options = { json = "flag", topics = "flag" } },
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag",
                        ["topic-prefix"] = "string", key = "string", error = "string" } },
@@ -780,7 +782,8 @@ function commands.run(c)
 end
 
 function commands.enqueue(c)
-  local eopts = { delay = c.opts.delay, key = c.opts.key, max_attempts = c.opts["max-attempts"] }
+  local eopts = { delay = c.opts.delay, key = c.opts.key, group = c.opts.group,
+                  max_attempts = c.opts["max-attempts"] }
   local store = open_store(c, true)
   local id = call(c, store, "enqueue_json", c.topic, c.text, eopts)
   io.stdout:write(show(id), "\n")
@@ -916,6 +919,7 @@ function commands.show(c)
     { "id", show(d.id, 80) }, { "topic", show(d.topic or "", 200) }, { "status", show(d.status or "?") },
     { "attempts", fmt_int(d.attempts) .. "/" .. fmt_int(d.max_attempts) }, { "fence", fmt_int(d.fence) },
     { "key", d.key and show(d.key, 200) or "-" },
+    { "group", d.group and show(d.group, 200) or "-" },
     { "created (UTC)", fmt_time(d.created_at) }, { "run at (UTC)", fmt_time(d.run_at) },
     { "run", fmt_due(d, now) },
     { "lease expires", d.lease_expires_at and fmt_time(d.lease_expires_at) or "-" },

@@ -349,6 +349,7 @@ static json_t *delivery_json(const rb_delivery *dv, int full)
     json_object_set_new(o, "lease_expires_at",
                         dv->status == RB_PROCESSING ? time_or_null(dv->lease_expires_at) : json_null());
     json_object_set_new(o, "key", jtext(dv->key));
+    json_object_set_new(o, "group", jtext(dv->group));
     json_object_set_new(o, "last_error", jtext(dv->last_error));
     json_object_set_new(o, "settled_at", time_or_null(dv->settled_at));
     if (full) {

@@ -3,6 +3,7 @@
 #include <string.h>
 #include "stores/delivery.h"
 #include "util/alloc.h"
+#include "util/check.h"
 
 static size_t len0(const char *s) { return s ? strlen(s) + 1 : 0; }
 
@@ -16,31 +17,33 @@ static char *place(char **cursor, const char *s)
     return dst;
 }
 
-rb_delivery *rb_delivery_with_history(const char *id, const char *topic, const char *payload,
-                                      const char *key, const char *last_error,
-                                      const char *lease_token, const char *progress,
-                                      const char *errors)
+rb_delivery *rb_delivery_make(const rb_delivery_texts *t)
 {
-    size_t extra = len0(id) + len0(topic) + len0(payload) + len0(key) + len0(last_error) +
-                   len0(lease_token) + len0(progress) + len0(errors);
+    size_t extra = len0(t->id) + len0(t->topic) + len0(t->payload) + len0(t->key) +
+                   len0(t->group) + len0(t->last_error) + len0(t->lease_token) +
+                   len0(t->progress) + len0(t->errors);
     rb_delivery *d = rb_calloc(1, sizeof *d + extra);
     if (!d) return NULL;
     char *cur = (char *)(d + 1);
-    d->id = place(&cur, id);
-    d->topic = place(&cur, topic);
-    d->payload = place(&cur, payload);
-    d->key = place(&cur, key);
-    d->last_error = place(&cur, last_error);
-    d->lease_token = place(&cur, lease_token);
-    d->progress = place(&cur, progress);
-    d->errors = place(&cur, errors);
+    d->id = place(&cur, t->id);
+    d->topic = place(&cur, t->topic);
+    d->payload = place(&cur, t->payload);
+    d->key = place(&cur, t->key);
+    d->group = place(&cur, t->group);
+    d->last_error = place(&cur, t->last_error);
+    d->lease_token = place(&cur, t->lease_token);
+    d->progress = place(&cur, t->progress);
+    d->errors = place(&cur, t->errors);
+    RB_ASSERT(cur == (char *)(d + 1) + extra);
     return d;
 }
 
 rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payload,
                              const char *key, const char *last_error, const char *lease_token)
 {
-    return rb_delivery_with_history(id, topic, payload, key, last_error, lease_token, NULL, NULL);
+    rb_delivery_texts t = {.id = id, .topic = topic, .payload = payload, .key = key,
+                           .last_error = last_error, .lease_token = lease_token};
+    return rb_delivery_make(&t);
 }
 
 void rb_delivery_free(rb_delivery *d) { free(d); }

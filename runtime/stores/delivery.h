@@ -17,6 +17,7 @@ typedef struct rb_delivery {
     char *topic;
     char *payload;          /* JSON text as stored (may be invalid if written by hand) */
     char *key;              /* dedupe key or NULL */
+    char *group;            /* ordered group or NULL: one of a group runs at a time, in id order */
     char *last_error;       /* or NULL */
     char *lease_token;      /* or NULL when not processing */
     /* get and list only (claims leave them NULL and 0): */
@@ -38,14 +39,17 @@ typedef struct rb_delivery {
 /* How many of the last attempts' errors a delivery keeps (rb_delivery.errors). */
 #define RB_ERRORS_KEPT 10
 
-/* Builds a record; string arguments are copied (NULL stays NULL). */
+/* Builds a record; string arguments are copied (NULL stays NULL), the rest is zero. */
 rb_delivery *rb_delivery_new(const char *id, const char *topic, const char *payload,
                              const char *key, const char *last_error, const char *lease_token);
-/* As rb_delivery_new, with the history that get and list read too. */
-rb_delivery *rb_delivery_with_history(const char *id, const char *topic, const char *payload,
-                                      const char *key, const char *last_error,
-                                      const char *lease_token, const char *progress,
-                                      const char *errors);
+
+/* A record's texts by name, for rb_delivery_make. */
+typedef struct rb_delivery_texts {
+    const char *id, *topic, *payload, *key, *group, *last_error, *lease_token;
+    const char *progress, *errors;
+} rb_delivery_texts;
+/* As rb_delivery_new, with every text of the record. */
+rb_delivery *rb_delivery_make(const rb_delivery_texts *t);
 void rb_delivery_free(rb_delivery *d);
 void rb_delivery_list_free(rb_delivery **list, size_t n);
 

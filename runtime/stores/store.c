@@ -195,6 +195,12 @@ int rb_decimal_id(const char *id)
     return n <= 18;
 }
 
+int rb_group_valid(const char *group, size_t len)
+{
+    return group && len >= 1 && len <= RB_GROUP_MAX && strlen(group) == len &&
+           rb_utf8_valid(group, len);
+}
+
 void rb_store_notify_local(rb_store *s)
 {
     if (s->local_wakeup) s->local_wakeup(s->local_wakeup_ud);

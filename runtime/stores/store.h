@@ -42,10 +42,17 @@ typedef struct rb_rowset {
 void rb_rowset_free(rb_rowset *rs);
 
 /* --- requests -------------------------------------------------------------------------- */
+/* A group's name: 1 to RB_GROUP_MAX bytes of UTF-8 without a NUL byte (rb_group_valid). */
+#define RB_GROUP_MAX 512
+int rb_group_valid(const char *group, size_t len);
+
 typedef struct rb_enqueue_item {
     const char *topic;
     const char *payload;    /* JSON text, already validated by the caller */
     const char *key;        /* dedupe key, or NULL */
+    const char *group;      /* ordered group, or NULL: a claim takes a delivery of a group only
+                             * while no other of it is processing under a live lease and none
+                             * with a smaller id is pending or processing */
     double run_at;          /* epoch s; 0 = now (+ delay) */
     double delay;           /* s, added to the store's now when run_at == 0 */
     int max_attempts;       /* >= 1 */

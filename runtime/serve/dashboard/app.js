@@ -209,6 +209,7 @@
         ['fence', d.fence], ['run at', fmtTime(d.run_at)], ['created', fmtTime(d.created_at)],
         ['lease expires', fmtTime(d.lease_expires_at)], ['settled', fmtTime(d.settled_at)],
         ['key', d.key === null ? '–' : d.key],
+        ['group', d.group === null || d.group === undefined ? '–' : d.group],
         ['progress', d.progress === null || d.progress === undefined ? '–' : JSON.stringify(d.progress)],
         ['last error', d.last_error === null ? '–' : d.last_error]];
       fields.forEach(function (f) {

@@ -110,12 +110,12 @@ rb_delivery *mg_record_from(const bson_t *d, const char *token)
     char *payload = mg_payload_json(d);
     char *progress = mg_json_field(d, "progress", "progress_format");
     char *errors = mg_json_field(d, "errors", "errors_format");
-    rb_delivery *r = payload ? rb_delivery_with_history(hex, mg_doc_str(d, "topic"), payload,
-                                                        mg_doc_str(d, "key"),
-                                                        mg_doc_str(d, "last_error"),
-                                                        token ? token : mg_doc_str(d, "lease_token"),
-                                                        progress, errors)
-                             : NULL;
+    rb_delivery_texts t = {.id = hex, .topic = mg_doc_str(d, "topic"), .payload = payload,
+                           .key = mg_doc_str(d, "key"), .group = mg_doc_str(d, "group"),
+                           .last_error = mg_doc_str(d, "last_error"),
+                           .lease_token = token ? token : mg_doc_str(d, "lease_token"),
+                           .progress = progress, .errors = errors};
+    rb_delivery *r = payload ? rb_delivery_make(&t) : NULL;
     free(payload);
     free(progress);
     free(errors);

@@ -207,26 +207,37 @@ static double time_field(const PGresult *r, int i, int col)
     return isfinite(x) ? x : 0;
 }
 
-/* A row of COLS, or of RECORD_COLS (the history too: 16 columns). */
+/* The columns of a claimed delivery's row and of a record's (RECORD_COLS): COLS, then the
+ * claim's c_settled (NULL in a record), the group, and a record's history. */
+enum {
+    COL_ID, COL_TOPIC, COL_PAYLOAD, COL_KEY, COL_LAST_ERROR, COL_LEASE_TOKEN, COL_STATUS,
+    COL_ATTEMPTS, COL_MAX_ATTEMPTS, COL_FENCE, COL_RUN_AT, COL_CREATED_AT, COL_LEASE_EXPIRES_AT,
+    COL_SETTLED, COL_GROUP, CLAIM_COLS,
+    COL_SETTLED_AT = CLAIM_COLS, COL_PROGRESS, COL_ERRORS, RECORD_NCOLS
+};
+
 rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
 {
-    if (PQnfields(r) < 13 || i < 0 || i >= PQntuples(r)) return NULL;
-    int history = PQnfields(r) >= 16;
-    rb_delivery *d = rb_delivery_with_history(val(r, i, 0), val(r, i, 1), val(r, i, 2),
-                                              val(r, i, 3), val(r, i, 4), val(r, i, 5),
-                                              history ? val(r, i, 14) : NULL,
-                                              history ? val(r, i, 15) : NULL);
+    if (PQnfields(r) < CLAIM_COLS || i < 0 || i >= PQntuples(r)) return NULL;
+    int history = PQnfields(r) >= RECORD_NCOLS;
+    rb_delivery_texts t = {.id = val(r, i, COL_ID), .topic = val(r, i, COL_TOPIC),
+                           .payload = val(r, i, COL_PAYLOAD), .key = val(r, i, COL_KEY),
+                           .group = val(r, i, COL_GROUP), .last_error = val(r, i, COL_LAST_ERROR),
+                           .lease_token = val(r, i, COL_LEASE_TOKEN),
+                           .progress = history ? val(r, i, COL_PROGRESS) : NULL,
+                           .errors = history ? val(r, i, COL_ERRORS) : NULL};
+    rb_delivery *d = rb_delivery_make(&t);
     if (!d) return NULL;
-    if (history) d->settled_at = time_field(r, i, 13);
-    int st = rb_status_parse(val(r, i, 6));
+    if (history) d->settled_at = time_field(r, i, COL_SETTLED_AT);
+    int st = rb_status_parse(val(r, i, COL_STATUS));
     d->status = st < 0 ? RB_PENDING : (rb_status)st;
-    d->attempts = int_field(r, i, 7);
-    d->max_attempts = int_field(r, i, 8);
-    const char *fence = val(r, i, 9);
+    d->attempts = int_field(r, i, COL_ATTEMPTS);
+    d->max_attempts = int_field(r, i, COL_MAX_ATTEMPTS);
+    const char *fence = val(r, i, COL_FENCE);
     d->fence = fence ? strtoll(fence, NULL, 10) : 0;
-    d->run_at = time_field(r, i, 10);
-    d->created_at = time_field(r, i, 11);
-    d->lease_expires_at = time_field(r, i, 12);
+    d->run_at = time_field(r, i, COL_RUN_AT);
+    d->created_at = time_field(r, i, COL_CREATED_AT);
+    d->lease_expires_at = time_field(r, i, COL_LEASE_EXPIRES_AT);
     return d;
 }
 
@@ -248,8 +259,6 @@ typedef enum {
     CLAIM_ROW_WAITED,       /* c_settled -1: the claim got its claim slot only after waiting */
 } claim_row_kind;
 
-/* The columns the claim's rows other than deliveries use. */
-enum { COL_RUN_AT = 10, COL_LEASE_EXPIRES_AT = 12, COL_SETTLED = 13, CLAIM_COLS = 14 };
 
 static claim_row_kind claim_row(const PGresult *res, int i)
 {
@@ -373,7 +382,7 @@ static void lease_done(pg_op *op, PGresult *res, const char *err)
 
 static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n)
 {
-    rb_buf a[6] = {{0}};
+    rb_buf a[7] = {{0}};
     for (size_t i = 0; i < n; i++) {
         sb_text(&a[0], items[i].topic);
         sb_text(&a[1], items[i].payload);
@@ -381,9 +390,10 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n)
         sb_num(&a[3], items[i].run_at, 0);
         sb_num(&a[4], items[i].delay, 0);
         sb_num(&a[5], items[i].max_attempts, 1);
+        sb_text(&a[6], items[i].group);
     }
-    int ok = pg_op_alloc_params(op, 6);
-    for (int i = 0; i < 6; i++) {
+    int ok = pg_op_alloc_params(op, 7);
+    for (int i = 0; i < 7; i++) {
         char *text = sb_array(&a[i]);
         if (!text || !ok) { free(text); ok = 0; continue; }
         op->params[i] = text;

@@ -21,8 +21,10 @@
 #define COLS "id::text AS id_text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
     "max_attempts, fence, date_part('epoch', run_at), " \
     "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
-/* get and list read the history too (the claim's rows do not carry it) */
-#define RECORD_COLS COLS ", coalesce(date_part('epoch', settled_at), 0), progress::text, errors::text"
+/* get and list read the group and the history too. The group is the column after the claim's
+ * c_settled (a record has NULL there), as in the claim's rows; the history follows. */
+#define RECORD_COLS COLS ", NULL::integer, group_name, coalesce(date_part('epoch', settled_at), 0)," \
+    " progress::text, errors::text"
 #define LIVE "status IN ('pending', 'processing')"
 
 /* The fenced writes of a settle batch inside "@T_claim", from its five arrays of one length:
@@ -63,17 +65,19 @@
 #define TEXT_OF_(x) #x
 #define TEXT_OF(x) TEXT_OF_(x)
 
+/* The claim function's rows (see migration 7); from 11 on with the group after c_settled. */
+#define CLAIM_RETURNS(EXTRA) "RETURNS TABLE (c_id text, c_topic text, c_payload text," \
+    " c_key text, c_last_error text, c_lease_token text, c_status text, c_attempts integer," \
+    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8," \
+    " c_lease_expires_at float8, c_settled integer" EXTRA ")"
+
 /* The claim function of migration 7 (its comment there says what it does); 9 makes it again
  * with the pause, 10 with the errors: DECL declares, START runs before the settles and the
  * claim, SETTLE_EXTRA adds to the settles' SET. */
-#define CLAIM_FUNCTION(DECL, START, SETTLE_EXTRA) \
+#define CLAIM_FUNCTION(DECL, START, SETTLE_EXTRA, G) \
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8," \
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[]," \
-    " s_error text[], p_next boolean, p_tell_wait boolean) RETURNS TABLE (c_id text," \
-    " c_topic text, c_payload text, c_key text, c_last_error text, c_lease_token text," \
-    " c_status text, c_attempts integer," \
-    " c_max_attempts integer, c_fence bigint, c_run_at float8, c_created_at float8," \
-    " c_lease_expires_at float8, c_settled integer)" \
+    " s_error text[], p_next boolean, p_tell_wait boolean) " CLAIM_RETURNS(G##_COLUMN) \
     " LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off" \
     " SET enable_nestloop = off SET enable_sort = off SET enable_bitmapscan = off SET jit = off" \
     " AS $f$\n" \
@@ -109,11 +113,11 @@
     "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)" \
     "    SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
     "     NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::float8," \
-    "     w.expires, w.ord::integer FROM w;\n" \
+    "     w.expires, w.ord::integer" G##_NULL " FROM w;\n" \
     "  END IF;\n" \
     "  IF p_limit > 0 THEN\n" \
-    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\"" \
-    "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" \
+    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\" AS x" \
+    "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" G##_FREE \
     "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
     " u AS (UPDATE \"@T\" AS d SET" \
     "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END," \
@@ -128,7 +132,8 @@
     /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be \
      * planned as a hash join over a scan of the whole table */ \
     "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)" \
-    " SELECT " COLS ", NULL::integer FROM u WHERE status = 'processing' ORDER BY run_at, id;\n" \
+    " SELECT " COLS ", NULL::integer" G##_VALUE " FROM u WHERE status = 'processing'" \
+    " ORDER BY run_at, id;\n" \
     "  GET DIAGNOSTICS claimed = ROW_COUNT;\n" \
     "  IF p_next AND claimed < p_limit THEN\n" \
     "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
@@ -136,16 +141,38 @@
     /* (the difference of the epochs, not of the times: a run_at of 'infinity' or \
      * '-infinity', as an operator may park a row, cannot be subtracted from a time) */ \
     "     (SELECT date_part('epoch', " DUE ") - date_part('epoch', now()) FROM \"@T\" WHERE " LIVE \
-    "      ORDER BY " DUE ", id LIMIT 1), NULL::float8, NULL::float8, 0;\n" \
+    "      ORDER BY " DUE ", id LIMIT 1), NULL::float8, NULL::float8, 0" G##_NULL ";\n" \
     "  END IF;\n" \
     "  IF p_tell_wait AND waited THEN\n" \
     "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
     " NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8," \
-    " NULL::float8, NULL::float8, -1;\n" \
+    " NULL::float8, NULL::float8, -1" G##_NULL ";\n" \
     "  END IF;\n" \
     "  END IF;\n" \
     "END\n" \
     "$f$;\n"
+
+/* The claim's groups (CLAIM_FUNCTION's G): UNGROUPED as made before schema 11, GROUPED
+ * after. A grouped row is claimable when it is its group's head (the live one of the
+ * smallest id) and no other of the group holds a live lease (one an operator kicked back
+ * ahead of a running one waits for it): so at most one of a group is claimed, and a claim
+ * beside it sees the head pending (in its snapshot) or processing, or skips it locked.
+ * Scalar subqueries, not NOT EXISTS: those would be pulled up into an anti join, which with
+ * nested loops off hashes every live grouped row on each claim; these stay per-row
+ * look-ups in "@T_group". */
+#define UNGROUPED_COLUMN ""
+#define UNGROUPED_NULL ""
+#define UNGROUPED_VALUE ""
+#define UNGROUPED_FREE ""
+#define GROUPED_COLUMN ", c_group text"
+#define GROUPED_NULL ", NULL::text"
+#define GROUPED_VALUE ", group_name"
+#define GROUPED_FREE \
+    "  AND (x.group_name IS NULL OR ((SELECT min(g.id) FROM \"@T\" AS g" \
+    "   WHERE g.group_name = x.group_name AND g.status IN ('pending', 'processing')) = x.id" \
+    "   AND (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = x.group_name" \
+    "    AND g.status IN ('pending', 'processing') AND g.status = 'processing' AND g.id > x.id" \
+    "    AND g.lease_expires_at > now() LIMIT 1) IS NULL))"
 
 /* The claim's pause (schema 9): the paused topics among those asked for are left out. */
 #define PAUSED_DECL " paused text[];\n"
@@ -157,6 +184,47 @@
     "      p_topics := ARRAY(SELECT x FROM unnest(p_topics) AS x WHERE x <> ALL(paused));\n" \
     "    END IF;\n" \
     "  END IF;\n"
+
+/* Enqueue as a function: the dedupe retry (a conflicting row may settle between the INSERT
+ * and the look-up) needs a loop, and the NOTIFY rides the same commit. Without keys, one
+ * INSERT; identity values grow in insertion order, so sorted ids match input. Made by
+ * migration 1, and by 11 with the groups: PARAM the extra parameter, COL its column, UVAL /
+ * UARR / UNAME its value, array and name in the unnest, IVAL its value in the loop. */
+#define ENQ_FUNCTION(PARAM, COL, UVAL, UNAME, UARR, IVAL) \
+    "CREATE OR REPLACE FUNCTION \"@T_enq\"(p_topic text[], p_payload text[], p_key text[]," \
+    " p_run_at float8[], p_delay float8[], p_max integer[]" PARAM ") RETURNS SETOF bigint" \
+    " LANGUAGE plpgsql AS $f$\n" \
+    "DECLARE i integer; nid bigint;\n" \
+    "BEGIN\n" \
+    "  IF NOT EXISTS (SELECT 1 FROM unnest(p_key) AS k(v) WHERE v IS NOT NULL) THEN\n" \
+    "    RETURN QUERY WITH ins AS (\n" \
+    "      INSERT INTO \"@T\" (topic, payload, run_at, max_attempts" COL ")\n" \
+    "      SELECT u.t, u.p::jsonb, CASE WHEN u.r > 0 THEN to_timestamp(u.r)\n" \
+    "             ELSE now() + u.dl * interval '1 second' END, u.m" UVAL "\n" \
+    "      FROM unnest(p_topic, p_payload, p_run_at, p_delay, p_max" UARR ")\n" \
+    "           WITH ORDINALITY AS u(t, p, r, dl, m" UNAME ", ord)\n" \
+    "      ORDER BY u.ord RETURNING id)\n" \
+    "    SELECT ins.id FROM ins ORDER BY ins.id;\n" \
+    "  ELSE\n" \
+    "    FOR i IN 1 .. coalesce(array_length(p_topic, 1), 0) LOOP\n" \
+    "      LOOP\n" \
+    "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts" COL ")\n" \
+    "        VALUES (p_topic[i], p_payload[i]::jsonb, p_key[i],\n" \
+    "                CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n" \
+    "                ELSE now() + p_delay[i] * interval '1 second' END, p_max[i]" IVAL ")\n" \
+    "        ON CONFLICT (topic, key) WHERE key IS NOT NULL AND " LIVE " DO NOTHING\n" \
+    "        RETURNING id INTO nid;\n" \
+    "        EXIT WHEN nid IS NOT NULL;\n" \
+    "        SELECT id INTO nid FROM \"@T\"\n" \
+    "         WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE ";\n" \
+    "        EXIT WHEN nid IS NOT NULL;\n" \
+    "      END LOOP;\n" \
+    "      RETURN NEXT nid;\n" \
+    "    END LOOP;\n" \
+    "  END IF;\n" \
+    "  PERFORM pg_notify('@T', '');\n" \
+    "END\n" \
+    "$f$;\n"
 
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
@@ -181,43 +249,7 @@ static const char *const migrations[] = {
     " WHERE key IS NOT NULL AND " LIVE ";\n"
     "CREATE TABLE IF NOT EXISTS \"@T_leases\" ("
     " name text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);\n"
-    /* Enqueue as a function: the dedupe retry (a conflicting row may settle between the
-     * INSERT and the look-up) needs a loop, and the NOTIFY rides the same commit. Without
-     * keys, one INSERT; identity values grow in insertion order, so sorted ids match input. */
-    "CREATE OR REPLACE FUNCTION \"@T_enq\"(p_topic text[], p_payload text[], p_key text[],"
-    " p_run_at float8[], p_delay float8[], p_max integer[]) RETURNS SETOF bigint"
-    " LANGUAGE plpgsql AS $f$\n"
-    "DECLARE i integer; nid bigint;\n"
-    "BEGIN\n"
-    "  IF NOT EXISTS (SELECT 1 FROM unnest(p_key) AS k(v) WHERE v IS NOT NULL) THEN\n"
-    "    RETURN QUERY WITH ins AS (\n"
-    "      INSERT INTO \"@T\" (topic, payload, run_at, max_attempts)\n"
-    "      SELECT u.t, u.p::jsonb, CASE WHEN u.r > 0 THEN to_timestamp(u.r)\n"
-    "             ELSE now() + u.dl * interval '1 second' END, u.m\n"
-    "      FROM unnest(p_topic, p_payload, p_run_at, p_delay, p_max)\n"
-    "           WITH ORDINALITY AS u(t, p, r, dl, m, ord)\n"
-    "      ORDER BY u.ord RETURNING id)\n"
-    "    SELECT ins.id FROM ins ORDER BY ins.id;\n"
-    "  ELSE\n"
-    "    FOR i IN 1 .. coalesce(array_length(p_topic, 1), 0) LOOP\n"
-    "      LOOP\n"
-    "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts)\n"
-    "        VALUES (p_topic[i], p_payload[i]::jsonb, p_key[i],\n"
-    "                CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n"
-    "                ELSE now() + p_delay[i] * interval '1 second' END, p_max[i])\n"
-    "        ON CONFLICT (topic, key) WHERE key IS NOT NULL AND " LIVE " DO NOTHING\n"
-    "        RETURNING id INTO nid;\n"
-    "        EXIT WHEN nid IS NOT NULL;\n"
-    "        SELECT id INTO nid FROM \"@T\"\n"
-    "         WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE ";\n"
-    "        EXIT WHEN nid IS NOT NULL;\n"
-    "      END LOOP;\n"
-    "      RETURN NEXT nid;\n"
-    "    END LOOP;\n"
-    "  END IF;\n"
-    "  PERFORM pg_notify('@T', '');\n"
-    "END\n"
-    "$f$;\n",
+    ENQ_FUNCTION("", "", "", "", "", ""),
     /* 2: any INSERT wakes idle dispatchers, so applications in any language can enqueue with
      * plain SQL in their own transactions (NOTIFY is delivered at commit, once per payload). */
     "CREATE OR REPLACE FUNCTION \"@T_notify\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n"
@@ -291,7 +323,7 @@ static const char *const migrations[] = {
      * single claim in flight would only halve what still gets claimed.
      * The setting is parsed strictly (ASCII digits, spaces around): anything else counts as
      * the default, so no value can make the cast fail every claim. */
-    CLAIM_FUNCTION("", "", "")
+    CLAIM_FUNCTION("", "", "", UNGROUPED)
     /* The arguments of 6 (p_next, no p_tell_wait) and of 3 to 5, which an older relaybus
      * calls: the same function, without the rows they do not know. */
     "CREATE OR REPLACE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
@@ -350,7 +382,7 @@ static const char *const migrations[] = {
      * (the one function that every relaybus's claims and settles reach) takes nothing of a
      * paused topic: it claims from the others alone. */
     "CREATE TABLE IF NOT EXISTS \"@T_topics\" (topic text PRIMARY KEY, paused_at timestamptz);\n"
-    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, "")
+    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, "", UNGROUPED)
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
     /* 10: the status cancelled. The CHECK that allows it replaces the one of four statuses
@@ -379,9 +411,49 @@ static const char *const migrations[] = {
      * settles now keep */
     "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS progress jsonb,"
     " ADD COLUMN IF NOT EXISTS errors jsonb;\n"
-    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD)
+    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD, UNGROUPED)
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
+    /* 11: ordered groups. The column (a moment of the table's lock, waited for 10 s at most as
+     * in 10) and the index of each group's live deliveries by id, which the claim reads; the
+     * claim function with the group's rule and the group in its rows, after c_settled (a
+     * relaybus of schema 10 still reads the first 14); its two shorter forms with it; the
+     * enqueue with the groups (p_group last, so the calls without it stay as they were).
+     * Building the index scans the table once, holding off writes meanwhile. */
+    "SET LOCAL lock_timeout = '10s';\n"
+    "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS group_name text;\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_group\" ON \"@T\" (group_name, id)"
+    " WHERE group_name IS NOT NULL AND " LIVE ";\n"
+    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[],"
+    " integer[], float8[], text[], boolean, boolean);\n"
+    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[],"
+    " integer[], float8[], text[], boolean);\n"
+    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[],"
+    " integer[], float8[], text[]);\n"
+    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD, GROUPED)
+    "CREATE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
+    " s_error text[], p_next boolean) " CLAIM_RETURNS(GROUPED_COLUMN) " LANGUAGE sql AS $f$\n"
+    "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
+    " s_delay, s_error, p_next, false)\n"
+    "$f$;\n"
+    "CREATE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
+    " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
+    " s_error text[]) " CLAIM_RETURNS(GROUPED_COLUMN) " LANGUAGE sql AS $f$\n"
+    "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
+    " s_delay, s_error, false, false)\n"
+    "$f$;\n"
+    "DROP FUNCTION IF EXISTS \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[]);\n"
+    ENQ_FUNCTION(", p_group text[] DEFAULT NULL", ", group_name", ", u.g", ", g", ", p_group",
+                 ", p_group[i]")
+    "ALTER FUNCTION \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[], text[])"
+    " SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean) SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[]) SET search_path FROM CURRENT;\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -390,7 +462,7 @@ const char *const rb_pg_stmt_names[ST_COUNT] = {
     "rb_enq", "rb_claim", "rb_settle", "rb_get", "rb_lacq", "rb_lext", "rb_lrel"};
 const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_ENQ] = "SELECT id::text FROM \"@T_enq\"($1::text[], $2::text[], $3::text[],"
-               " $4::float8[], $5::float8[], $6::integer[]) AS id",
+               " $4::float8[], $5::float8[], $6::integer[], $7::text[]) AS id",
     [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
                  " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true, true)",
     [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"

@@ -288,29 +288,39 @@ static const char *col_text(sqlite3_stmt *st, int i)
 /* A count written by hand past int is shown as the largest (as the claim compares it). */
 static int clamp_int(sqlite3_int64 v) { return v > INT_MAX ? INT_MAX : v < INT_MIN ? INT_MIN : (int)v; }
 
-/* Builds a record from a row in COLS order. */
+/* The columns of COLS and RECORD_COLS, in their order. */
+enum {
+    COL_ID, COL_TOPIC, COL_PAYLOAD, COL_KEY, COL_STATUS, COL_ATTEMPTS, COL_MAX_ATTEMPTS, COL_FENCE,
+    COL_RUN_AT, COL_CREATED_AT, COL_LEASE_TOKEN, COL_LEASE_EXPIRES_AT, COL_LAST_ERROR, COL_GROUP,
+    COL_SETTLED_AT, COL_PROGRESS, COL_ERRORS, RECORD_NCOLS
+};
+
 /* A row of COLS, or of RECORD_COLS (the history too). */
 static rb_delivery *read_delivery(sqlite3_stmt *st)
 {
     char id[24];
-    snprintf(id, sizeof id, "%lld", (long long)sqlite3_column_int64(st, 0));
-    const char *topic = col_text(st, 1), *payload = col_text(st, 2);
-    int history = sqlite3_column_count(st) >= 16;
-    rb_delivery *d = rb_delivery_with_history(id, topic ? topic : "", payload ? payload : "null",
-                                              col_text(st, 3), col_text(st, 12), col_text(st, 10),
-                                              history ? col_text(st, 14) : NULL,
-                                              history ? col_text(st, 15) : NULL);
+    snprintf(id, sizeof id, "%lld", (long long)sqlite3_column_int64(st, COL_ID));
+    const char *topic = col_text(st, COL_TOPIC), *payload = col_text(st, COL_PAYLOAD);
+    int history = sqlite3_column_count(st) >= RECORD_NCOLS;
+    rb_delivery_texts t = {.id = id, .topic = topic ? topic : "",
+                           .payload = payload ? payload : "null", .key = col_text(st, COL_KEY),
+                           .group = col_text(st, COL_GROUP),
+                           .last_error = col_text(st, COL_LAST_ERROR),
+                           .lease_token = col_text(st, COL_LEASE_TOKEN),
+                           .progress = history ? col_text(st, COL_PROGRESS) : NULL,
+                           .errors = history ? col_text(st, COL_ERRORS) : NULL};
+    rb_delivery *d = rb_delivery_make(&t);
     if (!d) return NULL;
-    if (history) d->settled_at = sqlite3_column_double(st, 13);
-    const char *status = col_text(st, 4);
+    if (history) d->settled_at = sqlite3_column_double(st, COL_SETTLED_AT);
+    const char *status = col_text(st, COL_STATUS);
     int code = rb_status_parse(status);
     d->status = code < 0 ? RB_BURIED : (rb_status)code;
-    d->attempts = clamp_int(sqlite3_column_int64(st, 5));
-    d->max_attempts = clamp_int(sqlite3_column_int64(st, 6));
-    d->fence = sqlite3_column_int64(st, 7);
-    d->run_at = sqlite3_column_double(st, 8);
-    d->created_at = sqlite3_column_double(st, 9);
-    d->lease_expires_at = sqlite3_column_double(st, 11);
+    d->attempts = clamp_int(sqlite3_column_int64(st, COL_ATTEMPTS));
+    d->max_attempts = clamp_int(sqlite3_column_int64(st, COL_MAX_ATTEMPTS));
+    d->fence = sqlite3_column_int64(st, COL_FENCE);
+    d->run_at = sqlite3_column_double(st, COL_RUN_AT);
+    d->created_at = sqlite3_column_double(st, COL_CREATED_AT);
+    d->lease_expires_at = sqlite3_column_double(st, COL_LEASE_EXPIRES_AT);
     return d;
 }
 
@@ -375,6 +385,7 @@ static int enqueue_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, double n
         sqlite3_bind_int(st, 4, it->max_attempts > 0 ? it->max_attempts : 1);
         sqlite3_bind_double(st, 5, run_at);
         sqlite3_bind_double(st, 6, now);
+        bind_text(st, 7, it->group);
         if ((rc = run_to_done(s, j, st)) != SQLITE_OK) return rc;
         found = sqlite3_last_insert_rowid(s->db);
         j->notify = 1;
@@ -430,19 +441,31 @@ static job_rc run_enqueue(rb_sqlite *s, job *j)
 /* --- claim ------------------------------------------------------------------------------ */
 typedef struct cand { sqlite3_int64 id; int bury; } cand;
 
+/* A grouped candidate may run when it is its group's head (no delivery of the group with a
+ * smaller id is pending or processing) and no other of the group holds a live lease (one an
+ * operator kicked back ahead of a running one waits for it). So a claim takes at most one of
+ * a group, and claims run one at a time on the file. (LEASE_OVER reads g's columns.) */
+#define GROUP_HEAD_FREE \
+    "(NOT EXISTS (SELECT 1 FROM \"{t}\" AS g WHERE g.group_name = \"{t}\".group_name" \
+    "  AND g.status IN ('pending','processing') AND g.id < \"{t}\".id)" \
+    " AND NOT EXISTS (SELECT 1 FROM \"{t}\" AS g WHERE g.group_name = \"{t}\".group_name" \
+    "  AND g.status IN ('pending','processing') AND g.status = 'processing'" \
+    "  AND g.id > \"{t}\".id AND NOT " LEASE_OVER("?3", "?4", "?1") "))"
+
 /* Claim's candidate query, rebuilt only when the number of topics changes. */
 static int claim_select(rb_sqlite *s, job *j, sqlite3_stmt **out)
 {
     if (s->claim_sel && s->claim_ntopics == j->nactive) { *out = s->claim_sel; return SQLITE_OK; }
     sqlite3_finalize(s->claim_sel);
     s->claim_sel = NULL;
-    size_t cap = 512 + j->nactive * 8;
+    size_t cap = 2048 + j->nactive * 8;
     char *sql = rb_malloc(cap);
     if (!sql) return SQLITE_NOMEM;
     size_t n = (size_t)snprintf(sql, cap,
         "SELECT id, CAST(attempts AS INTEGER) >= CAST(max_attempts AS INTEGER) FROM \"{t}\""
         " WHERE status IN ('pending','processing') AND run_at <= ?1"
         " AND " NO_LIVE_LEASE("?3", "?4", "?1")
+        " AND (group_name IS NULL OR " GROUP_HEAD_FREE ")"
         /* a topic written by hand as a BLOB is claimed as the text it is shown as */
         " AND CAST(topic AS TEXT) IN (");
     for (size_t i = 0; i < j->nactive; i++)

@@ -15,7 +15,7 @@
 #include "util/alloc.h"
 #include "util/text.h"
 
-#define SCHEMA_VERSION  4
+#define SCHEMA_VERSION  5
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
 
 /* --- schema ----------------------------------------------------------------------------- */
@@ -64,6 +64,10 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " WHERE status = 'cancelled';"
     "ALTER TABLE \"{t}\" ADD COLUMN progress TEXT;"
     "ALTER TABLE \"{t}\" ADD COLUMN errors TEXT;",
+    /* 5: ordered groups: a claim looks up a candidate's group's live deliveries by id */
+    "ALTER TABLE \"{t}\" ADD COLUMN group_name TEXT;"
+    "CREATE INDEX IF NOT EXISTS \"{t}_group\" ON \"{t}\" (group_name, id)"
+    " WHERE group_name IS NOT NULL AND status IN ('pending','processing');",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
@@ -101,7 +105,7 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_ENQ_FIND] = "SELECT id FROM \"{t}\" WHERE key IS NOT NULL"
         " AND status IN ('pending','processing') AND topic = ?1 AND key = ?2 ORDER BY id LIMIT 1",
     [ST_ENQ_INSERT] = "INSERT INTO \"{t}\" (topic, payload, key, status, attempts, max_attempts,"
-        " fence, run_at, created_at) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6)",
+        " fence, run_at, created_at, group_name) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6, ?7)",
     [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
         " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
     [ST_CLAIM_TAKE] = "UPDATE \"{t}\" SET status = 'processing', attempts = attempts + 1,"

@@ -7,9 +7,9 @@
 
 #pragma GCC visibility push(hidden)
 
-/* Column order read by read_delivery. */
+/* Column order read by read_delivery (its COL_ names follow it). */
 #define COLS "id, topic, payload, key, status, attempts, max_attempts, fence, run_at, " \
-             "created_at, lease_token, lease_expires_at, last_error"
+             "created_at, lease_token, lease_expires_at, last_error, group_name"
 /* get and list read the history too (claims do not need it) */
 #define RECORD_COLS COLS ", settled_at, progress, errors"
 
