@@ -56,7 +56,7 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
   end)
 
   it("the docs hold every program this spec runs", function()
-    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "embed.sh" } do
+    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "embed.sh" } do
       assert.is_string(files[name], name .. " is not in the docs")
     end
   end)
@@ -132,6 +132,22 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
     rc, out, err = sh("relaybus run credits.lua", nil, dir)
     assert.equal(0, rc, err)
     assert.truthy(out:find("ada has%s+3000"), out)
+  end)
+
+  it("the groups example runs each account's events in order, the failed one retried in its place", function()
+    local dir = S.tmpdir() .. "/" .. S.unique("groups")
+    os.execute("mkdir -p " .. S.quote(dir))
+    S.write(dir .. "/groups.lua", files["groups.lua"])
+    local rc, out, err = sh("relaybus run groups.lua", nil, dir)
+    assert.equal(0, rc, err)
+    local seen = {}
+    for account, event in out:gmatch("(%a+)%s+(%a+)\n") do
+      seen[account] = seen[account] or {}
+      table.insert(seen[account], event)
+    end
+    assert.same({ "opened", "paid", "closed" }, seen.ada, out)
+    assert.same({ "opened", "closed" }, seen.bob, out)
+    assert.truthy(err:find("the ledger is busy", 1, true), err)
   end)
 
   it("the embedding commands build and run a host, shared and static, from a fresh prefix", function()

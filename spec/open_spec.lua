@@ -43,6 +43,9 @@ local function runs_both(store, ids)
   for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status) end
 end
 
+-- The current schema versions.
+local PG_VERSION, SQLITE_VERSION = 11, 5
+
 -- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of
 -- schemas 3 to 5 (what an older relaybus calls; since 7 both are wrappers of the first).
 local CLAIM_ARGS = "(text[], bigint, float8, text, bigint[], text[], integer[], float8[], text[], boolean, boolean)"
@@ -96,9 +99,47 @@ end
 -- The CHECK on status that migration 1 wrote, and the one of schema 10.
 local CHECK_OF_FOUR = "CHECK (status IN ('pending', 'processing', 'completed', 'buried'))"
 
+-- Brings PostgreSQL table t back to what schema 10 left: the claim function without groups
+-- (and its two wrappers, with 14 columns), the enqueue of six arrays, no group_name column.
+local function back_to_version_10(store, t)
+  local def = claim_function(store, t, "pg_get_functiondef(oid)")
+  def = replace(def, ", c_group text)", ")")
+  def = cut(def, "  AND (x.group_name IS NULL OR", "LIMIT 1) IS NULL))")
+  def = replace(def, ", NULL::text FROM w;", " FROM w;")
+  def = replace(def, "NULL::integer, group_name FROM u", "NULL::integer FROM u")
+  def = replace(def, ", 0, NULL::text;", ", 0;")
+  def = replace(def, ", -1, NULL::text;", ", -1;")
+  assert.is_nil(def:find("group", 1, true), def)
+  local wrappers = {}
+  for _, args in ipairs { V6_CLAIM_ARGS, OLD_CLAIM_ARGS } do
+    wrappers[#wrappers + 1] = replace(claim_function(store, t, "pg_get_functiondef(oid)", args), ", c_group text)", ")")
+  end
+  local ok, rows = store:transaction(function(tx)
+    return tx:query("SELECT pg_get_functiondef(to_regprocedure($1)) AS d",
+      '"' .. t .. '_enq"(text[], text[], text[], float8[], float8[], integer[], text[])')
+  end)
+  assert.is_true(ok, rows)
+  local enq = rows[1].d
+  enq = replace(enq, ", p_group text[] DEFAULT NULL::text[])", ")")
+  enq = replace(enq, ", max_attempts, group_name)", ", max_attempts)")
+  enq = replace(enq, ", max_attempts, group_name)", ", max_attempts)")
+  enq = replace(enq, "u.m, u.g\n", "u.m\n")
+  enq = replace(enq, "p_max, p_group)", "p_max)")
+  enq = replace(enq, "m, g, ord)", "m, ord)")
+  enq = replace(enq, "p_max[i], p_group[i])", "p_max[i])")
+  assert.is_nil(enq:find("group", 1, true), enq)
+  exec_all(store, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
+    'DROP FUNCTION "' .. t .. '_claim"' .. V6_CLAIM_ARGS,
+    'DROP FUNCTION "' .. t .. '_claim"' .. OLD_CLAIM_ARGS, def, wrappers[1], wrappers[2],
+    'DROP FUNCTION "' .. t .. '_enq"(text[], text[], text[], float8[], float8[], integer[], text[])', enq,
+    'DROP INDEX "' .. t .. '_group"', 'ALTER TABLE "' .. t .. '" DROP COLUMN group_name',
+    "UPDATE relaybus_schema SET version = 10 WHERE table_name = '" .. t .. "'")
+end
+
 -- Brings PostgreSQL table t back to what schema 9 left: the claim function whose settles keep
 -- no errors, no progress or errors columns, the CHECK of four statuses.
 local function back_to_version_9(store, t)
+  back_to_version_10(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = cut(def, "  errors = CASE WHEN", "ELSE d.errors END,")
   assert.is_nil(def:find("errors", 1, true), def)
@@ -184,13 +225,29 @@ end
 
 -- An older relaybus at schema `version` claims on table t (two deliveries of topic "old"); then
 -- `store` closes, an open without migrate is refused, and an open migrates: returns that store.
+-- What an older relaybus's enqueue (six arrays, every schema) of n deliveries of topic on
+-- table t returns: their ids.
+local function old_enqueue(store, t, topic, n)
+  local ok, rows = store:transaction(function(tx)
+    return tx:query('SELECT x::text AS id FROM "' .. t .. '_enq"(array_fill($1::text, ARRAY[$2::int]),'
+      .. " array_fill('{}'::text, ARRAY[$2::int]), array_fill(NULL::text, ARRAY[$2::int]),"
+      .. " array_fill(0::float8, ARRAY[$2::int]), array_fill(0::float8, ARRAY[$2::int]),"
+      .. " array_fill(5, ARRAY[$2::int])) AS x", topic, n)
+  end)
+  assert.is_true(ok, rows)
+  assert.equal(n, #rows)
+  local ids = {}
+  for i, r in ipairs(rows) do ids[i] = r.id end
+  return ids
+end
+
 local function claims_then_migrates(url, store, t, version)
-  assert(store:enqueue_many { { "old", {} }, { "old", {} } })
+  old_enqueue(store, t, "old", 2)
   assert.equal(2, #old_claim(store, t, "old"))
   store:close()
   local s, err = relaybus.open(url, { table = t, migrate = false })
   assert.is_nil(s)
-  assert.truthy(err:find("version " .. version .. ", this relaybus needs 10 (run relaybus migrate)", 1, true), err)
+  assert.truthy(err:find("version " .. version .. ", this relaybus needs " .. PG_VERSION .. " (run relaybus migrate)", 1, true), err)
   s = assert(relaybus.open(url, { table = t }))
   assert.equal(VACUUM_SETTINGS, vacuum_settings(s, t))
   return s
@@ -431,7 +488,7 @@ describe("opening a store", function()
             store = assert(relaybus.open("sqlite:" .. path))
             assert.equal(NEW_CHECK, check_of_table())
             assert.equal("ok", (sql("PRAGMA integrity_check"):gsub("%s+$", "")))
-            assert.equal("4", (sql("SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+            assert.equal(tostring(SQLITE_VERSION), (sql("SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
             -- the constraint still holds, for writers other than relaybus too
             assert.truthy(sql("UPDATE relaybus_deliveries SET status = 'done' WHERE id = 1"):find("CHECK constraint failed", 1, true))
             for _, st in ipairs { "pending", "processing", "completed", "buried", "cancelled" } do
@@ -446,17 +503,18 @@ describe("opening a store", function()
           end
         end)
 
-        it("sqlite: a file of schema version 3 is refused without migrate and brought to 4 by open: cancelled, progress and errors", function()
+        it("sqlite: a file of schema version 3 is refused without migrate and brought to the current by open: cancelled, progress and errors", function()
           local path = S.tmpfile("v3") .. ".db"
           local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
-          sqlite_cli(path, "DROP INDEX relaybus_deliveries_cancelled; ALTER TABLE relaybus_deliveries DROP COLUMN progress;"
+          sqlite_cli(path, "DROP INDEX relaybus_deliveries_group; ALTER TABLE relaybus_deliveries DROP COLUMN group_name;"
+            .. " DROP INDEX relaybus_deliveries_cancelled; ALTER TABLE relaybus_deliveries DROP COLUMN progress;"
             .. " ALTER TABLE relaybus_deliveries DROP COLUMN errors; UPDATE relaybus_schema SET version = 3")
           local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
           assert.is_nil(s)
           assert.truthy(err:find("outdated (run relaybus migrate)", 1, true), err)
           s = assert(relaybus.open("sqlite:" .. path))
           assert.equal(NEW_CHECK, check_of(path))
-          assert.equal("4", (sqlite_cli(path, "SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+          assert.equal(tostring(SQLITE_VERSION), (sqlite_cli(path, "SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
           runs_both(s, ids)
           local later = assert(s:enqueue("t", { n = 3 }))
           assert.is_true(assert(s:cancel(later)))
@@ -551,7 +609,7 @@ print("RAN " .. table.concat(ran, ","))
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
           H.one_line(err)
-          assert.truthy(err:find("version 2, this relaybus needs 10 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 2, this relaybus needs " .. PG_VERSION .. " (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           runs_both(store, ids)
           store:close()
@@ -573,7 +631,7 @@ print("RAN " .. table.concat(ran, ","))
           store:close()
           local s, err = relaybus.open(url, { table = t, migrate = false })
           assert.is_nil(s)
-          assert.truthy(err:find("version 3, this relaybus needs 10 (run relaybus migrate)", 1, true), err)
+          assert.truthy(err:find("version 3, this relaybus needs " .. PG_VERSION .. " (run relaybus migrate)", 1, true), err)
           store = assert(relaybus.open(url, { table = t }))
           local c = settings()
           for _, want in ipairs { "plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_nestloop=off", "enable_sort=off",
@@ -689,12 +747,41 @@ print("RAN " .. table.concat(ran, ","))
           store:close()
         end)
 
+        it("postgresql: a table of schema version 10 is migrated by open: groups run one at a time; an older relaybus's claim and enqueue go on beside it", function()
+          local url = entry.url()
+          local t = S.unique("v11")
+          local store = assert(relaybus.open(url, { table = t }))
+          back_to_version_10(store, t)
+          local before = old_enqueue(store, t, "v10", 1)[1]
+          store = claims_then_migrates(url, store, t, 10)
+          -- an older relaybus enqueues with six arrays and claims reading 14 columns
+          old_enqueue(store, t, "old", 1)
+          assert.equal(1, #old_claim(store, t, "old"))
+          for i = 1, 4 do assert(store:enqueue("grp", { n = i }, { group = "g" })) end
+          local running, most, order = 0, 0, {}
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          d:handle("grp", function(delivery, ctx)
+            running = running + 1
+            most = math.max(most, running)
+            ctx:sleep(0.02)
+            running = running - 1
+            order[#order + 1] = delivery.payload.n
+            if #order == 4 then stop() end
+          end)
+          assert.is_true((H.run(d, 10)))
+          assert.same({ 1, 2, 3, 4 }, order)
+          assert.equal(1, most)
+          assert.equal("pending", assert(store:get(before)).status)
+          store:close()
+        end)
+
         it("postgresql: a table of schema version 9 is migrated by open: cancelled is allowed, and progress and errors are kept; an older relaybus's claim goes on beside it", function()
           local url = entry.url()
           local t = S.unique("v10")
           local store = assert(relaybus.open(url, { table = t }))
           back_to_version_9(store, t)
-          local id = assert(store:enqueue("v9", {}))
+          local id = old_enqueue(store, t, "v9", 1)[1]
           local refused = store:cancel(id)            -- the CHECK of four refuses the status
           assert.is_not_true(refused)
           store = claims_then_migrates(url, store, t, 9)

@@ -185,6 +185,15 @@
     "    END IF;\n" \
     "  END IF;\n"
 
+/* The three claim functions (of 11, 10 and 9 arguments), dropped where their rows change. */
+#define DROP_CLAIM_FUNCTIONS \
+    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[]," \
+    " integer[], float8[], text[], boolean, boolean);\n" \
+    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[]," \
+    " integer[], float8[], text[], boolean);\n" \
+    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[]," \
+    " integer[], float8[], text[]);\n"
+
 /* Enqueue as a function: the dedupe retry (a conflicting row may settle between the INSERT
  * and the look-up) needs a loop, and the NOTIFY rides the same commit. Without keys, one
  * INSERT; identity values grow in insertion order, so sorted ids match input. Made by
@@ -323,6 +332,9 @@ static const char *const migrations[] = {
      * single claim in flight would only halve what still gets claimed.
      * The setting is parsed strictly (ASCII digits, spaces around): anything else counts as
      * the default, so no value can make the cast fail every claim. */
+    /* (a table made again after it was dropped by hand finds the functions of its last
+     * version, whose rows may differ: CREATE OR REPLACE cannot change them) */
+    DROP_CLAIM_FUNCTIONS
     CLAIM_FUNCTION("", "", "", UNGROUPED)
     /* The arguments of 6 (p_next, no p_tell_wait) and of 3 to 5, which an older relaybus
      * calls: the same function, without the rows they do not know. */
@@ -424,12 +436,7 @@ static const char *const migrations[] = {
     "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS group_name text;\n"
     "CREATE INDEX IF NOT EXISTS \"@T_group\" ON \"@T\" (group_name, id)"
     " WHERE group_name IS NOT NULL AND " LIVE ";\n"
-    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[],"
-    " integer[], float8[], text[], boolean, boolean);\n"
-    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[],"
-    " integer[], float8[], text[], boolean);\n"
-    "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[],"
-    " integer[], float8[], text[]);\n"
+    DROP_CLAIM_FUNCTIONS
     CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD, GROUPED)
     "CREATE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
