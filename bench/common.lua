@@ -39,13 +39,18 @@ function M.open(url, opts)
 end
 
 -- Enqueues n deliveries of one topic with enqueue_many in chunks; returns the seconds taken.
-function M.fill(store, topic, n, chunk)
+-- With groups > 0, delivery i joins ordered group "g" .. i % groups (round robin, so every
+-- group holds n / groups, spread over the whole backlog).
+function M.fill(store, topic, n, chunk, groups)
   chunk = chunk or 1000
   local t0 = relaybus.now()
   local i = 0
   while i < n do
     local list = {}
-    for k = 1, math.min(chunk, n - i) do list[k] = { topic, { i = i + k } } end
+    for k = 1, math.min(chunk, n - i) do
+      local opts = groups and groups > 0 and { group = "g" .. (i + k) % groups } or nil
+      list[k] = { topic, { i = i + k }, opts }
+    end
     assert(store:enqueue_many(list))
     i = i + #list
   end

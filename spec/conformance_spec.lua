@@ -1346,6 +1346,46 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.equal(1, most.g)
       end)
 
+      it("a head settled by hand with SQL lets its group go on", function()
+        local first = assert(store:enqueue("gr.hand", { n = 1 }, { group = "g" }))
+        assert(store:enqueue("gr.hand", { n = 2 }, { group = "g" }))
+        assert(store:transaction(function(tx)
+          tx:exec("UPDATE " .. tbl .. " SET status = 'completed', settled_at = created_at WHERE id = " .. first)
+        end))
+        local order = run_groups("gr.hand", 1)
+        assert.same({ 2 }, order.g)
+      end)
+
+      it("enqueues into groups while their heads complete leave none behind, and keep each group's order", function()
+        local N, G = 150, 5
+        local d = H.dispatcher(store, { concurrency = 8 })
+        local stop = H.stopper(d)
+        local seen, done, running, most = {}, 0, {}, 0
+        d:handle("gr.race", function(delivery, ctx)
+          local g = delivery.group
+          running[g] = (running[g] or 0) + 1
+          most = math.max(most, running[g])
+          seen[g] = seen[g] or {}
+          table.insert(seen[g], delivery.payload.n)
+          if delivery.payload.n % 3 == 0 then ctx:sleep(0.005) end
+          running[g] = running[g] - 1
+          done = done + 1
+          if done == N then stop() end
+        end)
+        relaybus.spawn(function()
+          for i = 1, N do
+            assert(store:enqueue("gr.race", { n = i }, { group = "g" .. i % G }))
+            if i % 10 == 0 then relaybus.sleep(0.002) end
+          end
+        end)
+        assert.is_true((H.run(d, 30)), "not every delivery ran: " .. done .. " of " .. N)
+        assert.equal(1, most)
+        for k = 0, G - 1 do
+          local list = seen["g" .. k]
+          for j = 2, #list do assert.is_true(list[j - 1] < list[j], "group g" .. k .. " out of order") end
+        end
+      end)
+
       it("a row inserted with plain SQL joins its group", function()
         assert(store:enqueue("gr.sql", { n = 1 }, { group = "g" }))
         local now = entry.name == "postgresql" and "now()" or tostring(relaybus.time())

@@ -100,11 +100,14 @@ end
 local CHECK_OF_FOUR = "CHECK (status IN ('pending', 'processing', 'completed', 'buried'))"
 
 -- Brings PostgreSQL table t back to what schema 10 left: the claim function without groups
--- (and its two wrappers, with 14 columns), the enqueue of six arrays, no group_name column.
+-- (and its two wrappers, with 14 columns), an enqueue of six arrays (one that inserts, as the
+-- enqueue of migration 1 does without keys), no group columns, indexes or triggers.
 local function back_to_version_10(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, ", c_group text)", ")")
-  def = cut(def, "  AND (x.group_name IS NULL OR", "LIMIT 1) IS NULL))")
+  def = cut(def, "  AND (x.group_name IS NULL OR", "   IS NULL))")
+  def = replace(def, "    PERFORM set_config('relaybus.group_release', 'batch', true);\n", "")
+  def = cut(def, "    PERFORM set_config('relaybus.group_release', '', true);", "AND held_run_at IS NOT NULL;\n")
   def = replace(def, ", NULL::text FROM w;", " FROM w;")
   def = replace(def, "NULL::integer, group_name FROM u", "NULL::integer FROM u")
   def = replace(def, ", 0, NULL::text;", ", 0;")
@@ -114,25 +117,21 @@ local function back_to_version_10(store, t)
   for _, args in ipairs { V6_CLAIM_ARGS, OLD_CLAIM_ARGS } do
     wrappers[#wrappers + 1] = replace(claim_function(store, t, "pg_get_functiondef(oid)", args), ", c_group text)", ")")
   end
-  local ok, rows = store:transaction(function(tx)
-    return tx:query("SELECT pg_get_functiondef(to_regprocedure($1)) AS d",
-      '"' .. t .. '_enq"(text[], text[], text[], float8[], float8[], integer[], text[])')
-  end)
-  assert.is_true(ok, rows)
-  local enq = rows[1].d
-  enq = replace(enq, ", p_group text[] DEFAULT NULL::text[])", ")")
-  enq = replace(enq, ", max_attempts, group_name)", ", max_attempts)")
-  enq = replace(enq, ", max_attempts, group_name)", ", max_attempts)")
-  enq = replace(enq, "u.m, u.g\n", "u.m\n")
-  enq = replace(enq, "p_max, p_group)", "p_max)")
-  enq = replace(enq, "m, g, ord)", "m, ord)")
-  enq = replace(enq, "p_max[i], p_group[i])", "p_max[i])")
-  assert.is_nil(enq:find("group", 1, true), enq)
+  local enq = 'CREATE FUNCTION "' .. t .. '_enq"(p_topic text[], p_payload text[], p_key text[],'
+    .. " p_run_at float8[], p_delay float8[], p_max integer[]) RETURNS SETOF bigint LANGUAGE sql AS $f$"
+    .. ' INSERT INTO "' .. t .. '" (topic, payload, key, run_at, max_attempts)'
+    .. " SELECT u.t, u.p::jsonb, u.k, CASE WHEN u.r > 0 THEN to_timestamp(u.r)"
+    .. " ELSE now() + u.dl * interval '1 second' END, u.m"
+    .. " FROM unnest(p_topic, p_payload, p_key, p_run_at, p_delay, p_max) AS u(t, p, k, r, dl, m)"
+    .. " RETURNING id $f$"
   exec_all(store, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
     'DROP FUNCTION "' .. t .. '_claim"' .. V6_CLAIM_ARGS,
     'DROP FUNCTION "' .. t .. '_claim"' .. OLD_CLAIM_ARGS, def, wrappers[1], wrappers[2],
-    'DROP FUNCTION "' .. t .. '_enq"(text[], text[], text[], float8[], float8[], integer[], text[])', enq,
-    'DROP INDEX "' .. t .. '_group"', 'ALTER TABLE "' .. t .. '" DROP COLUMN group_name',
+    'DROP FUNCTION "' .. t .. '_enq"(text[], text[], text[], float8[], float8[], integer[], text[], boolean)', enq,
+    'DROP TRIGGER "' .. t .. '_group_next" ON "' .. t .. '"', 'DROP TRIGGER "' .. t .. '_group_gone" ON "' .. t .. '"',
+    'DROP FUNCTION "' .. t .. '_group_next"()',
+    'DROP INDEX "' .. t .. '_group"', 'DROP INDEX "' .. t .. '_group_running"',
+    'ALTER TABLE "' .. t .. '" DROP COLUMN group_name, DROP COLUMN held_run_at',
     "UPDATE relaybus_schema SET version = 10 WHERE table_name = '" .. t .. "'")
 end
 
@@ -506,7 +505,8 @@ describe("opening a store", function()
         it("sqlite: a file of schema version 3 is refused without migrate and brought to the current by open: cancelled, progress and errors", function()
           local path = S.tmpfile("v3") .. ".db"
           local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
-          sqlite_cli(path, "DROP INDEX relaybus_deliveries_group; ALTER TABLE relaybus_deliveries DROP COLUMN group_name;"
+          sqlite_cli(path, "DROP INDEX relaybus_deliveries_group; DROP INDEX relaybus_deliveries_group_running;"
+            .. " ALTER TABLE relaybus_deliveries DROP COLUMN group_name;"
             .. " DROP INDEX relaybus_deliveries_cancelled; ALTER TABLE relaybus_deliveries DROP COLUMN progress;"
             .. " ALTER TABLE relaybus_deliveries DROP COLUMN errors; UPDATE relaybus_schema SET version = 3")
           local s, err = relaybus.open("sqlite:" .. path, { migrate = false })

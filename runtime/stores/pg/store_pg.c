@@ -380,7 +380,9 @@ static void lease_done(pg_op *op, PGresult *res, const char *err)
 
 /* ---- enqueue ---------------------------------------------------------------------------- */
 
-static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n)
+/* hold: let the enqueue hold a grouped delivery behind its group's live one (ENQ_GROUPED in
+ * store_pg_schema.c); not inside a user's transaction, whose end it would have to wait for. */
+static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n, int hold)
 {
     rb_buf a[7] = {{0}};
     for (size_t i = 0; i < n; i++) {
@@ -392,12 +394,13 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n)
         sb_num(&a[5], items[i].max_attempts, 1);
         sb_text(&a[6], items[i].group);
     }
-    int ok = pg_op_alloc_params(op, 7);
+    int ok = pg_op_alloc_params(op, 8);
     for (int i = 0; i < 7; i++) {
         char *text = sb_array(&a[i]);
         if (!text || !ok) { free(text); ok = 0; continue; }
         op->params[i] = text;
     }
+    ok = ok && pg_op_param(op, 7, hold ? "true" : "false");
     op->stmt = ST_ENQ;
     op->expect = n;
     /* Once the rows are committed the answer must not fail for want of memory: the caller
@@ -422,13 +425,13 @@ static void enqueue_done(pg_op *op, PGresult *res, const char *err)
 }
 
 /* Builds an enqueue operation, or reports why it cannot be built; NULL then. */
-pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, rb_ids_cb cb,
-                         void *ud)
+pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, int hold, rb_ids_cb cb,
+                     void *ud)
 {
     if (n == 0) { cb(ud, NULL, NULL, 0); return NULL; }
     pg_op *op = pg_op_new(s, enqueue_done, ud);
     if (op) op->cb.ids = cb;
-    if (!op || !enqueue_params(op, items, n)) {
+    if (!op || !enqueue_params(op, items, n, hold)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", NULL, 0);
         return NULL;
@@ -439,7 +442,7 @@ pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, rb_ids
 static void pg_enqueue(rb_store *bs, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    pg_op *op = pg_enqueue_op(s, items, n, cb, ud);
+    pg_op *op = pg_enqueue_op(s, items, n, 1, cb, ud);
     if (!op) return;
     op_submit_now(s, op);
 }

@@ -139,7 +139,8 @@ void pg_tx_unbind(rb_tx *tx);
 /* The operations (store_pg.c). */
 void pg_fail_list(pg_op *list, const char *err);
 void pg_store_enter(pg_store *s);
-pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
+pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, int hold, rb_ids_cb cb,
+                     void *ud);
 int pg_op_alloc_params(pg_op *op, int n);
 void pg_op_clear_params(pg_op *op);
 void pg_op_free(pg_op *op);

@@ -18,13 +18,15 @@
 /* When a row next needs attention: its run_at while pending, its lease expiry while processing.
  * One partial index on it keeps claims cheap however many settled rows the table holds. */
 #define DUE "(CASE WHEN status = 'pending' THEN run_at ELSE lease_expires_at END)"
-#define COLS "id::text AS id_text, topic, payload::text, key, last_error, lease_token, status, attempts, " \
-    "max_attempts, fence, date_part('epoch', run_at), " \
-    "date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
+#define COLS_OF(RUN_AT) "id::text AS id_text, topic, payload::text, key, last_error, lease_token," \
+    " status, attempts, max_attempts, fence, date_part('epoch', " RUN_AT ")," \
+    " date_part('epoch', created_at), coalesce(date_part('epoch', lease_expires_at), 0)"
+#define COLS COLS_OF("run_at")
 /* get and list read the group and the history too. The group is the column after the claim's
- * c_settled (a record has NULL there), as in the claim's rows; the history follows. */
-#define RECORD_COLS COLS ", NULL::integer, group_name, coalesce(date_part('epoch', settled_at), 0)," \
-    " progress::text, errors::text"
+ * c_settled (a record has NULL there), as in the claim's rows; the history follows. A held
+ * delivery (schema 11, ENQ_GROUPED) shows the run_at it will get back. */
+#define RECORD_COLS COLS_OF("coalesce(held_run_at, run_at)") ", NULL::integer, group_name," \
+    " coalesce(date_part('epoch', settled_at), 0), progress::text, errors::text"
 #define LIVE "status IN ('pending', 'processing')"
 
 /* The fenced writes of a settle batch inside "@T_claim", from its five arrays of one length:
@@ -109,11 +111,13 @@
     "  END IF;\n" \
     START \
     "  IF coalesce(array_length(s_id, 1), 0) > 0 THEN\n" \
+    G##_SETTLE_BEGIN \
     "    RETURN QUERY WITH w AS (" SETTLE(SETTLE_EXTRA) \
     "     RETURNING o.ord, coalesce(date_part('epoch', d.lease_expires_at), 0) AS expires)" \
     "    SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
     "     NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::float8," \
     "     w.expires, w.ord::integer" G##_NULL " FROM w;\n" \
+    G##_SETTLE_END \
     "  END IF;\n" \
     "  IF p_limit > 0 THEN\n" \
     "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\" AS x" \
@@ -157,9 +161,36 @@
  * smallest id) and no other of the group holds a live lease (one an operator kicked back
  * ahead of a running one waits for it): so at most one of a group is claimed, and a claim
  * beside it sees the head pending (in its snapshot) or processing, or skips it locked.
- * Scalar subqueries, not NOT EXISTS: those would be pulled up into an anti join, which with
- * nested loops off hashes every live grouped row on each claim; these stay per-row
- * look-ups in "@T_group". */
+ * Two subqueries that are not pulled up into joins (a NOT EXISTS would become an anti join,
+ * which with nested loops off hashes every live grouped row on each claim). The busy groups,
+ * those with a running delivery under a live lease (read once per claim from
+ * "@T_group_running", then a hash: a candidate's own expired lease is not live, so it is not
+ * among them): when every group is busy, a claim steps over the whole grouped backlog, and
+ * each row costs a probe of that hash. Then, per row of a group that is not busy, its live
+ * predecessor in "@T_group", walked down from the candidate: a row waiting behind its head
+ * finds it at once, where a walk up from the group's start would step over the index entries
+ * its settled predecessors left until vacuum. */
+#define UNGROUPED_SETTLE_BEGIN ""
+#define UNGROUPED_SETTLE_END ""
+/* The settles let the next of each group go (GROUP_NEXT_TRIGGER) in one statement for the
+ * batch rather than the trigger's call per row, which the setting relaybus.group_release
+ * turns off meanwhile. The rows of the batch that are completed or buried now: their groups,
+ * each locked (in one order, so two batches cannot wait for each other's), then the live one
+ * of the smallest id of each gets its run_at back when held (= ANY(ARRAY(...)): by the primary
+ * key, as the claim's update). (A row whose write was fenced
+ * may have been settled by its new holder: letting its group go again changes nothing.) */
+#define GROUPED_SETTLE_BEGIN \
+    "    PERFORM set_config('relaybus.group_release', 'batch', true);\n"
+#define GROUPED_SETTLE_END \
+    "    PERFORM set_config('relaybus.group_release', '', true);\n" \
+    "    PERFORM pg_advisory_xact_lock(q.k) FROM (SELECT DISTINCT " GROUP_KEY("d.group_name") \
+    " AS k FROM \"@T\" AS d WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL" \
+    " AND d.status IN ('completed', 'buried') ORDER BY 1) AS q;\n" \
+    "    UPDATE \"@T\" SET run_at = held_run_at, held_run_at = NULL WHERE id = ANY(ARRAY(" \
+    "SELECT (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = q.n AND g." LIVE \
+    " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
+    " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
+    " AS q)) AND held_run_at IS NOT NULL;\n"
 #define UNGROUPED_COLUMN ""
 #define UNGROUPED_NULL ""
 #define UNGROUPED_VALUE ""
@@ -168,11 +199,12 @@
 #define GROUPED_NULL ", NULL::text"
 #define GROUPED_VALUE ", group_name"
 #define GROUPED_FREE \
-    "  AND (x.group_name IS NULL OR ((SELECT min(g.id) FROM \"@T\" AS g" \
-    "   WHERE g.group_name = x.group_name AND g.status IN ('pending', 'processing')) = x.id" \
+    "  AND (x.group_name IS NULL OR (x.group_name NOT IN (SELECT g.group_name FROM \"@T\" AS g" \
+    "   WHERE g.group_name IS NOT NULL AND g.status = 'processing'" \
+    "   AND g.lease_expires_at > now())" \
     "   AND (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = x.group_name" \
-    "    AND g.status IN ('pending', 'processing') AND g.status = 'processing' AND g.id > x.id" \
-    "    AND g.lease_expires_at > now() LIMIT 1) IS NULL))"
+    "    AND g.status IN ('pending', 'processing') AND g.id < x.id ORDER BY g.id DESC LIMIT 1)" \
+    "   IS NULL))"
 
 /* The claim's pause (schema 9): the paused topics among those asked for are left out. */
 #define PAUSED_DECL " paused text[];\n"
@@ -194,33 +226,61 @@
     "DROP FUNCTION IF EXISTS \"@T_claim\"(text[], bigint, float8, text, bigint[], text[]," \
     " integer[], float8[], text[]);\n"
 
-/* Enqueue as a function: the dedupe retry (a conflicting row may settle between the INSERT
- * and the look-up) needs a loop, and the NOTIFY rides the same commit. Without keys, one
- * INSERT; identity values grow in insertion order, so sorted ids match input. Made by
- * migration 1, and by 11 with the groups: PARAM the extra parameter, COL its column, UVAL /
- * UARR / UNAME its value, array and name in the unnest, IVAL its value in the loop. */
-#define ENQ_FUNCTION(PARAM, COL, UVAL, UNAME, UARR, IVAL) \
+/* Schema 11's groups, beside the claim's rule (GROUPED_FREE).
+ * Holding: a delivery that store:enqueue adds behind a live one of its group is held, its
+ * run_at 'infinity' (out of every claim's walk of "@T_due") and its own in held_run_at, so a
+ * claim does not step over a group's whole backlog while its head runs (one that every group
+ * is busy would read all of them). When a delivery of a group stops being live (completed,
+ * buried, cancelled, deleted, by relaybus or by hand), GROUP_NEXT_TRIGGER (or, for the
+ * settles of the claim function, GROUPED_SETTLE_END) lets the group's next one go: the live one of the smallest id, when held, gets its run_at back (a NOTIFY
+ * follows, by "@T_sooner"). Holding only spares work: the claim's rule alone keeps a group to
+ * one at a time, so a delivery inserted without it (plain SQL, tx:enqueue) only costs claims
+ * a look at it.
+ * Each side takes the group's transaction-scoped advisory lock (GROUP_KEY: the table's oid and
+ * the group's hash; the one-bigint form, apart from the claim slots' two-integer one) before
+ * it reads the group, so a hold and the release that must see it cannot miss each other: the
+ * release waits for the enqueue's commit, or the enqueue reads the release's. The enqueue only
+ * tries the lock (when another holds it, it adds without holding: it never waits, so no cycle
+ * of waits can form through it), and only p_hold (store:enqueue, which commits at once) takes
+ * it: a user's transaction (tx:enqueue) would keep the group's releases waiting until it ends. */
+#define GROUP_KEY(G) "(('\"@T\"'::regclass::oid::bigint << 32) | (hashtext(" G ")::bigint & 4294967295))"
+
+#define ENQ_GROUPED \
     "CREATE OR REPLACE FUNCTION \"@T_enq\"(p_topic text[], p_payload text[], p_key text[]," \
-    " p_run_at float8[], p_delay float8[], p_max integer[]" PARAM ") RETURNS SETOF bigint" \
-    " LANGUAGE plpgsql AS $f$\n" \
-    "DECLARE i integer; nid bigint;\n" \
+    " p_run_at float8[], p_delay float8[], p_max integer[], p_group text[] DEFAULT NULL," \
+    " p_hold boolean DEFAULT false) RETURNS SETOF bigint LANGUAGE plpgsql AS $f$\n" \
+    "DECLARE i integer; nid bigint; locked text[] := '{}'; at timestamptz; held boolean;\n" \
     "BEGIN\n" \
+    "  IF p_hold THEN\n" \
+    "    locked := ARRAY(SELECT g FROM (SELECT DISTINCT g FROM unnest(p_group) AS q(g)" \
+    " WHERE g IS NOT NULL) AS d WHERE pg_try_advisory_xact_lock(" GROUP_KEY("g") "));\n" \
+    "  END IF;\n" \
     "  IF NOT EXISTS (SELECT 1 FROM unnest(p_key) AS k(v) WHERE v IS NOT NULL) THEN\n" \
-    "    RETURN QUERY WITH ins AS (\n" \
-    "      INSERT INTO \"@T\" (topic, payload, run_at, max_attempts" COL ")\n" \
-    "      SELECT u.t, u.p::jsonb, CASE WHEN u.r > 0 THEN to_timestamp(u.r)\n" \
-    "             ELSE now() + u.dl * interval '1 second' END, u.m" UVAL "\n" \
-    "      FROM unnest(p_topic, p_payload, p_run_at, p_delay, p_max" UARR ")\n" \
-    "           WITH ORDINALITY AS u(t, p, r, dl, m" UNAME ", ord)\n" \
-    "      ORDER BY u.ord RETURNING id)\n" \
+    "    RETURN QUERY WITH v AS (\n" \
+    "      SELECT u.*, CASE WHEN u.r > 0 THEN to_timestamp(u.r)\n" \
+    "             ELSE now() + u.dl * interval '1 second' END AS due,\n" \
+    "        u.g = ANY(locked) AND (row_number() OVER (PARTITION BY u.g ORDER BY u.ord) > 1\n" \
+    "          OR EXISTS (SELECT 1 FROM \"@T\" AS l WHERE l.group_name = u.g AND l." LIVE "))\n" \
+    "          AS held\n" \
+    "      FROM unnest(p_topic, p_payload, p_run_at, p_delay, p_max, p_group)\n" \
+    "           WITH ORDINALITY AS u(t, p, r, dl, m, g, ord)),\n" \
+    "    ins AS (\n" \
+    "      INSERT INTO \"@T\" (topic, payload, run_at, max_attempts, group_name, held_run_at)\n" \
+    "      SELECT v.t, v.p::jsonb, CASE WHEN v.held THEN 'infinity' ELSE v.due END, v.m, v.g,\n" \
+    "             CASE WHEN v.held THEN v.due END\n" \
+    "      FROM v ORDER BY v.ord RETURNING id)\n" \
     "    SELECT ins.id FROM ins ORDER BY ins.id;\n" \
     "  ELSE\n" \
     "    FOR i IN 1 .. coalesce(array_length(p_topic, 1), 0) LOOP\n" \
+    "      at := CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n" \
+    "            ELSE now() + p_delay[i] * interval '1 second' END;\n" \
+    "      held := p_group[i] = ANY(locked) AND EXISTS (SELECT 1 FROM \"@T\" AS l\n" \
+    "              WHERE l.group_name = p_group[i] AND l." LIVE ");\n" \
     "      LOOP\n" \
-    "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts" COL ")\n" \
+    "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts, group_name, held_run_at)\n" \
     "        VALUES (p_topic[i], p_payload[i]::jsonb, p_key[i],\n" \
-    "                CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n" \
-    "                ELSE now() + p_delay[i] * interval '1 second' END, p_max[i]" IVAL ")\n" \
+    "                CASE WHEN held THEN 'infinity' ELSE at END, p_max[i], p_group[i],\n" \
+    "                CASE WHEN held THEN at END)\n" \
     "        ON CONFLICT (topic, key) WHERE key IS NOT NULL AND " LIVE " DO NOTHING\n" \
     "        RETURNING id INTO nid;\n" \
     "        EXIT WHEN nid IS NOT NULL;\n" \
@@ -234,6 +294,26 @@
     "  PERFORM pg_notify('@T', '');\n" \
     "END\n" \
     "$f$;\n"
+
+#define GROUP_NEXT_TRIGGER \
+    "CREATE OR REPLACE FUNCTION \"@T_group_next\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n" \
+    "BEGIN\n" \
+    "  PERFORM pg_advisory_xact_lock(" GROUP_KEY("OLD.group_name") ");\n" \
+    "  UPDATE \"@T\" SET run_at = held_run_at, held_run_at = NULL\n" \
+    "   WHERE id = (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = OLD.group_name\n" \
+    "    AND g." LIVE " ORDER BY g.id LIMIT 1) AND held_run_at IS NOT NULL;\n" \
+    "  RETURN NULL;\n" \
+    "END\n" \
+    "$f$;\n" \
+    "ALTER FUNCTION \"@T_group_next\"() SET search_path FROM CURRENT;\n" \
+    "DROP TRIGGER IF EXISTS \"@T_group_next\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_group_next\" AFTER UPDATE OF status ON \"@T\" FOR EACH ROW" \
+    " WHEN (OLD.group_name IS NOT NULL AND OLD." LIVE " AND NEW.status NOT IN ('pending'," \
+    " 'processing') AND current_setting('relaybus.group_release', true)" \
+    " IS DISTINCT FROM 'batch') EXECUTE FUNCTION \"@T_group_next\"();\n" \
+    "DROP TRIGGER IF EXISTS \"@T_group_gone\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_group_gone\" AFTER DELETE ON \"@T\" FOR EACH ROW" \
+    " WHEN (OLD.group_name IS NOT NULL AND OLD." LIVE ") EXECUTE FUNCTION \"@T_group_next\"();\n"
 
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
@@ -258,7 +338,44 @@ static const char *const migrations[] = {
     " WHERE key IS NOT NULL AND " LIVE ";\n"
     "CREATE TABLE IF NOT EXISTS \"@T_leases\" ("
     " name text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);\n"
-    ENQ_FUNCTION("", "", "", "", "", ""),
+    /* Enqueue as a function: the dedupe retry (a conflicting row may settle between the
+     * INSERT and the look-up) needs a loop, and the NOTIFY rides the same commit. Without
+     * keys, one INSERT; identity values grow in insertion order, so sorted ids match input.
+     * (Made again with groups by 11.) */
+    "CREATE OR REPLACE FUNCTION \"@T_enq\"(p_topic text[], p_payload text[], p_key text[],"
+    " p_run_at float8[], p_delay float8[], p_max integer[]) RETURNS SETOF bigint"
+    " LANGUAGE plpgsql AS $f$\n"
+    "DECLARE i integer; nid bigint;\n"
+    "BEGIN\n"
+    "  IF NOT EXISTS (SELECT 1 FROM unnest(p_key) AS k(v) WHERE v IS NOT NULL) THEN\n"
+    "    RETURN QUERY WITH ins AS (\n"
+    "      INSERT INTO \"@T\" (topic, payload, run_at, max_attempts)\n"
+    "      SELECT u.t, u.p::jsonb, CASE WHEN u.r > 0 THEN to_timestamp(u.r)\n"
+    "             ELSE now() + u.dl * interval '1 second' END, u.m\n"
+    "      FROM unnest(p_topic, p_payload, p_run_at, p_delay, p_max)\n"
+    "           WITH ORDINALITY AS u(t, p, r, dl, m, ord)\n"
+    "      ORDER BY u.ord RETURNING id)\n"
+    "    SELECT ins.id FROM ins ORDER BY ins.id;\n"
+    "  ELSE\n"
+    "    FOR i IN 1 .. coalesce(array_length(p_topic, 1), 0) LOOP\n"
+    "      LOOP\n"
+    "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts)\n"
+    "        VALUES (p_topic[i], p_payload[i]::jsonb, p_key[i],\n"
+    "                CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n"
+    "                ELSE now() + p_delay[i] * interval '1 second' END, p_max[i])\n"
+    "        ON CONFLICT (topic, key) WHERE key IS NOT NULL AND " LIVE " DO NOTHING\n"
+    "        RETURNING id INTO nid;\n"
+    "        EXIT WHEN nid IS NOT NULL;\n"
+    "        SELECT id INTO nid FROM \"@T\"\n"
+    "         WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE ";\n"
+    "        EXIT WHEN nid IS NOT NULL;\n"
+    "      END LOOP;\n"
+    "      RETURN NEXT nid;\n"
+    "    END LOOP;\n"
+    "  END IF;\n"
+    "  PERFORM pg_notify('@T', '');\n"
+    "END\n"
+    "$f$;\n",
     /* 2: any INSERT wakes idle dispatchers, so applications in any language can enqueue with
      * plain SQL in their own transactions (NOTIFY is delivered at commit, once per payload). */
     "CREATE OR REPLACE FUNCTION \"@T_notify\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n"
@@ -427,15 +544,19 @@ static const char *const migrations[] = {
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
     /* 11: ordered groups. The column (a moment of the table's lock, waited for 10 s at most as
-     * in 10) and the index of each group's live deliveries by id, which the claim reads; the
+     * in 10) and the indexes of each group's live deliveries by id and of its running ones,
+     * which the claim reads; the
      * claim function with the group's rule and the group in its rows, after c_settled (a
      * relaybus of schema 10 still reads the first 14); its two shorter forms with it; the
      * enqueue with the groups (p_group last, so the calls without it stay as they were).
      * Building the index scans the table once, holding off writes meanwhile. */
     "SET LOCAL lock_timeout = '10s';\n"
-    "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS group_name text;\n"
+    "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS group_name text,"
+    " ADD COLUMN IF NOT EXISTS held_run_at timestamptz;\n"
     "CREATE INDEX IF NOT EXISTS \"@T_group\" ON \"@T\" (group_name, id)"
     " WHERE group_name IS NOT NULL AND " LIVE ";\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_group_running\" ON \"@T\" (group_name)"
+    " WHERE group_name IS NOT NULL AND status = 'processing';\n"
     DROP_CLAIM_FUNCTIONS
     CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD, GROUPED)
     "CREATE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
@@ -451,10 +572,10 @@ static const char *const migrations[] = {
     " s_delay, s_error, false, false)\n"
     "$f$;\n"
     "DROP FUNCTION IF EXISTS \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[]);\n"
-    ENQ_FUNCTION(", p_group text[] DEFAULT NULL", ", group_name", ", u.g", ", g", ", p_group",
-                 ", p_group[i]")
-    "ALTER FUNCTION \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[], text[])"
-    " SET search_path FROM CURRENT;\n"
+    ENQ_GROUPED
+    "ALTER FUNCTION \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[], text[],"
+    " boolean) SET search_path FROM CURRENT;\n"
+    GROUP_NEXT_TRIGGER
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n"
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
@@ -469,7 +590,7 @@ const char *const rb_pg_stmt_names[ST_COUNT] = {
     "rb_enq", "rb_claim", "rb_settle", "rb_get", "rb_lacq", "rb_lext", "rb_lrel"};
 const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_ENQ] = "SELECT id::text FROM \"@T_enq\"($1::text[], $2::text[], $3::text[],"
-               " $4::float8[], $5::float8[], $6::integer[], $7::text[]) AS id",
+               " $4::float8[], $5::float8[], $6::integer[], $7::text[], $8::boolean) AS id",
     [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
                  " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true, true)",
     [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"
@@ -557,7 +678,7 @@ const char rb_pg_sql_stats[] =
  * operator buried it while it ran, when that run's lease ends: the run never outlives it.
  * The lease stays on the pending row until then, so a bury and kick again keep the wait. */
 const char rb_pg_sql_kick[] =
-    "UPDATE \"@T\" AS d SET status = 'pending', attempts = 0,"
+    "UPDATE \"@T\" AS d SET status = 'pending', attempts = 0, held_run_at = NULL,"
     " run_at = greatest(now(), coalesce(d.lease_expires_at, now())), settled_at = NULL,"
     " lease_token = NULL,"
     " lease_expires_at = CASE WHEN d.lease_expires_at > now() THEN d.lease_expires_at END"

@@ -137,7 +137,7 @@ void pg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb 
 {
     pg_store *s = tx->s;
     if (!s) { cb(ud, pg_closed_msg, NULL, 0); return; }
-    pg_op *op = pg_enqueue_op(s, items, n, cb, ud);
+    pg_op *op = pg_enqueue_op(s, items, n, 0, cb, ud);
     if (!op) return;
     op->tx = tx;
     op->in_tx = 1;

@@ -444,13 +444,15 @@ typedef struct cand { sqlite3_int64 id; int bury; } cand;
 /* A grouped candidate may run when it is its group's head (no delivery of the group with a
  * smaller id is pending or processing) and no other of the group holds a live lease (one an
  * operator kicked back ahead of a running one waits for it). So a claim takes at most one of
- * a group, and claims run one at a time on the file. (LEASE_OVER reads g's columns.) */
+ * a group, and claims run one at a time on the file. The busy groups (a running one under a
+ * live lease; a candidate's own lease is over, so it is not among them) are read once per
+ * claim from "{t}_group_running" (LEASE_OVER reads g's columns): when every group is busy a
+ * claim steps over the whole grouped backlog, at one look-up in that set per row. */
 #define GROUP_HEAD_FREE \
-    "(NOT EXISTS (SELECT 1 FROM \"{t}\" AS g WHERE g.group_name = \"{t}\".group_name" \
-    "  AND g.status IN ('pending','processing') AND g.id < \"{t}\".id)" \
+    "(group_name NOT IN (SELECT g.group_name FROM \"{t}\" AS g WHERE g.group_name IS NOT NULL" \
+    "  AND g.status = 'processing' AND NOT " LEASE_OVER("?3", "?4", "?1") ")" \
     " AND NOT EXISTS (SELECT 1 FROM \"{t}\" AS g WHERE g.group_name = \"{t}\".group_name" \
-    "  AND g.status IN ('pending','processing') AND g.status = 'processing'" \
-    "  AND g.id > \"{t}\".id AND NOT " LEASE_OVER("?3", "?4", "?1") "))"
+    "  AND g.status IN ('pending','processing') AND g.id < \"{t}\".id))"
 
 /* Claim's candidate query, rebuilt only when the number of topics changes. */
 static int claim_select(rb_sqlite *s, job *j, sqlite3_stmt **out)

@@ -64,10 +64,13 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " WHERE status = 'cancelled';"
     "ALTER TABLE \"{t}\" ADD COLUMN progress TEXT;"
     "ALTER TABLE \"{t}\" ADD COLUMN errors TEXT;",
-    /* 5: ordered groups: a claim looks up a candidate's group's live deliveries by id */
+    /* 5: ordered groups: a claim looks up a candidate's group's live deliveries by id, and
+     * the group's running ones (at most one, but for a kicked one) */
     "ALTER TABLE \"{t}\" ADD COLUMN group_name TEXT;"
     "CREATE INDEX IF NOT EXISTS \"{t}_group\" ON \"{t}\" (group_name, id)"
-    " WHERE group_name IS NOT NULL AND status IN ('pending','processing');",
+    " WHERE group_name IS NOT NULL AND status IN ('pending','processing');"
+    "CREATE INDEX IF NOT EXISTS \"{t}_group_running\" ON \"{t}\" (group_name)"
+    " WHERE group_name IS NOT NULL AND status = 'processing';",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
