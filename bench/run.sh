@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh -- the benchmarks behind `make bench`. They print figures; they assert no timing.
-#   1. SQLite file store (always): drain of 50,000 no-op deliveries (concurrency 64 and 256),
+#   1. SQLite file store (always): drain of 50,000 no-op deliveries (concurrency 64 and 256; and
+#      at 256 spread over 1,000 ordered groups, here and on PostgreSQL),
 #      enqueue rate (single calls, enqueue_many), VmRSS with 10,000 handlers sleeping at once.
 #   1b. relaybus.json encode/decode against lua-cjson and Jansson's own encoder (bench/json.lua).
 #   1c. the SQLite drain on libev, stepped by build/frame_host and by build/uv_host; the idle CPU
@@ -84,6 +85,11 @@ if ! skipped sqlite; then
     bench 300 bench/drain.lua "sqlite:$WORK/drain256.db" 50000 256 sqlite || FAILED=1
     S256=$(rate_of "deliveries in")
     note "sqlite drain: best $(max "$S64" "$S256")/s of concurrency 64 and 256 (goal: >= 5,000/s)"
+    # Ordered groups: the same 50,000 spread round robin over 1,000 groups (issue 27's goal: at
+    # least half the plain drain's rate).
+    bench 300 bench/drain.lua "sqlite:$WORK/drain_groups.db" 50000 256 sqlite 300 1000 || FAILED=1
+    SG=$(rate_of "groups in")
+    note "sqlite groups: 50,000 in 1,000 groups at ${SG}/s = $(pct "$SG" "$S256") of the plain drain at concurrency 256 (goal: >= 50%)"
     bench 300 bench/enqueue.lua "sqlite:$WORK/enqueue.db" 20000 1000 sqlite || FAILED=1
     bench 120 bench/memory.lua "sqlite:$WORK/memory.db" 10000 5 sqlite 10000 || FAILED=1
     if grep -q "NOTE at most" <<<"$OUT"; then
@@ -176,6 +182,9 @@ else
     P500=$(rate_of "deliveries in")
     PBEST=$(max "$(max "$P64" "$P256")" "$P500")
     note "postgresql drain: best ${PBEST}/s of concurrency 64, 256 and 500"
+    bench 300 bench/drain.lua "$PG_URL" 50000 256 postgresql 300 1000
+    PG_GROUPS=$(rate_of "groups in")
+    note "postgresql groups: 50,000 in 1,000 groups at ${PG_GROUPS}/s = $(pct "$PG_GROUPS" "$P256") of the plain drain at concurrency 256 (goal: >= 50%)"
 
     # graphile-worker 0.18, same server, same run.
     if ! skipped graphile; then
