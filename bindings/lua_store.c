@@ -128,7 +128,10 @@ static int push_err(lua_State *T, const char *err)
     return 2;
 }
 
-static void on_ids(void *ud, const char *err, char **ids, size_t n)
+/* The list of ids; with_made, also a list of whether each item's payload is the one that
+ * will run (false where a live delivery was kept as it was). */
+static void resolve_ids(void *ud, const char *err, char **ids, const unsigned char *kept,
+                        size_t n, int with_made)
 {
     rb_await *w = ud;
     lua_State *T = rb_await_target(w);
@@ -141,12 +144,33 @@ static void on_ids(void *ud, const char *err, char **ids, size_t n)
             lua_rawseti(T, -2, (lua_Integer)i + 1);
         }
         nres = 1;
+        if (with_made) {
+            lua_createtable(T, (int)n, 0);
+            for (size_t i = 0; i < n; i++) {
+                lua_pushboolean(T, !(kept && kept[i]));
+                lua_rawseti(T, -2, (lua_Integer)i + 1);
+            }
+            nres = 2;
+        }
     }
     rb_await_resolve(w, nres);
 }
 
-/* enqueue returns the single id rather than a list */
-static void on_one_id(void *ud, const char *err, char **ids, size_t n)
+static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
+{
+    resolve_ids(ud, err, ids, kept, n, 0);
+}
+
+static void on_ids_made(void *ud, const char *err, char **ids, const unsigned char *kept,
+                        size_t n)
+{
+    resolve_ids(ud, err, ids, kept, n, 1);
+}
+
+/* enqueue returns the single id rather than a list; with_made (a replace), also whether its
+ * payload is the one that will run */
+static void resolve_one_id(void *ud, const char *err, char **ids, const unsigned char *kept,
+                           size_t n, int with_made)
 {
     rb_await *w = ud;
     lua_State *T = rb_await_target(w);
@@ -155,8 +179,23 @@ static void on_one_id(void *ud, const char *err, char **ids, size_t n)
     else if (T && n >= 1) {
         lua_pushstring(T, ids[0]);
         nres = 1;
+        if (with_made) {
+            lua_pushboolean(T, !(kept && kept[0]));
+            nres = 2;
+        }
     } else if (T) nres = push_err(T, "enqueue returned no id");
     rb_await_resolve(w, nres);
+}
+
+static void on_one_id(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
+{
+    resolve_one_id(ud, err, ids, kept, n, 0);
+}
+
+static void on_one_id_made(void *ud, const char *err, char **ids, const unsigned char *kept,
+                           size_t n)
+{
+    resolve_one_id(ud, err, ids, kept, n, 1);
 }
 
 static void on_records_one(void *ud, const char *err, rb_delivery **recs, size_t n)
@@ -270,7 +309,8 @@ static void on_done(void *ud, const char *err)
 }
 
 /* ---- building enqueue items ----------------------------------------------------------------- */
-static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", "group", NULL};
+static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", "group",
+                                           "replace", NULL};
 
 /* A Lua string payload is stored as a JSON string (docs/lua.md, enqueue); one that looks like
  * JSON text was most likely meant as that, so say once per process where the way is. */
@@ -333,6 +373,11 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
         if (it->group && !rb_group_valid(it->group, lua_rawlen(L, -1)))
             rb_misuse(L, "%s: group must be 1 to %d bytes of UTF-8 without a NUL byte", what,
                       RB_GROUP_MAX);
+        lua_getfield(L, oi, "replace");
+        if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+            rb_misuse(L, "%s: replace must be a boolean", what);
+        it->replace = lua_toboolean(L, -1);
+        if (it->replace && !it->key) rb_misuse(L, "%s: replace needs a key", what);
         /* the key, group and payload strings stay on the stack until the call ends */
     }
 }
@@ -344,8 +389,9 @@ static int do_enqueue(lua_State *L, rb_store *s, rb_tx *tx, int is_text)
     read_item(L, 2, 3, 4, &it, is_text ? "enqueue_json" : "enqueue", is_text);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    if (tx) s->vt->tx_enqueue(tx, &it, 1, on_one_id, w);
-    else s->vt->enqueue(s, &it, 1, on_one_id, w);
+    rb_ids_cb cb = it.replace ? on_one_id_made : on_one_id;
+    if (tx) s->vt->tx_enqueue(tx, &it, 1, cb, w);
+    else s->vt->enqueue(s, &it, 1, cb, w);
     return rb_await_finish(L, w);
 }
 
@@ -413,8 +459,11 @@ static int do_enqueue_many(lua_State *L, rb_store *s, rb_tx *tx)
     luaL_checkstack(L, 4, NULL);
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    if (tx) s->vt->tx_enqueue(tx, items, n, on_ids, w);
-    else s->vt->enqueue(s, items, n, on_ids, w);
+    int any_replace = 0;
+    for (size_t i = 0; i < n; i++) any_replace |= items[i].replace;
+    rb_ids_cb cb = any_replace ? on_ids_made : on_ids;
+    if (tx) s->vt->tx_enqueue(tx, items, n, cb, w);
+    else s->vt->enqueue(s, items, n, cb, w);
     return rb_await_finish(L, w);
 }
 

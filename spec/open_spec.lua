@@ -100,8 +100,8 @@ end
 local CHECK_OF_FOUR = "CHECK (status IN ('pending', 'processing', 'completed', 'buried'))"
 
 -- Brings PostgreSQL table t back to what schema 10 left: the claim function without groups
--- (and its two wrappers, with 14 columns), an enqueue of six arrays (one that inserts, as the
--- enqueue of migration 1 does without keys), no group columns, indexes or triggers.
+-- (and its two wrappers, with 14 columns), no TABLE_enqueue, no group columns, indexes or
+-- triggers.
 local function back_to_version_10(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, ", c_group text)", ")")
@@ -117,17 +117,10 @@ local function back_to_version_10(store, t)
   for _, args in ipairs { V6_CLAIM_ARGS, OLD_CLAIM_ARGS } do
     wrappers[#wrappers + 1] = replace(claim_function(store, t, "pg_get_functiondef(oid)", args), ", c_group text)", ")")
   end
-  local enq = 'CREATE FUNCTION "' .. t .. '_enq"(p_topic text[], p_payload text[], p_key text[],'
-    .. " p_run_at float8[], p_delay float8[], p_max integer[]) RETURNS SETOF bigint LANGUAGE sql AS $f$"
-    .. ' INSERT INTO "' .. t .. '" (topic, payload, key, run_at, max_attempts)'
-    .. " SELECT u.t, u.p::jsonb, u.k, CASE WHEN u.r > 0 THEN to_timestamp(u.r)"
-    .. " ELSE now() + u.dl * interval '1 second' END, u.m"
-    .. " FROM unnest(p_topic, p_payload, p_key, p_run_at, p_delay, p_max) AS u(t, p, k, r, dl, m)"
-    .. " RETURNING id $f$"
   exec_all(store, 'DROP FUNCTION "' .. t .. '_claim"' .. CLAIM_ARGS,
     'DROP FUNCTION "' .. t .. '_claim"' .. V6_CLAIM_ARGS,
     'DROP FUNCTION "' .. t .. '_claim"' .. OLD_CLAIM_ARGS, def, wrappers[1], wrappers[2],
-    'DROP FUNCTION "' .. t .. '_enq"(text[], text[], text[], float8[], float8[], integer[], text[], boolean)', enq,
+    'DROP FUNCTION "' .. t .. '_enqueue"(text[], text[], text[], float8[], float8[], integer[], text[], boolean, boolean[])',
     'DROP TRIGGER "' .. t .. '_group_next" ON "' .. t .. '"', 'DROP TRIGGER "' .. t .. '_group_gone" ON "' .. t .. '"',
     'DROP FUNCTION "' .. t .. '_group_next"()',
     'DROP INDEX "' .. t .. '_group"', 'DROP INDEX "' .. t .. '_group_running"',

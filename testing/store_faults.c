@@ -80,6 +80,7 @@ struct fop {
     char *err;              /* owned, or err_static */
     const char *err_static;
     char **ids;
+    unsigned char *kept;    /* enqueue: the inner store's kept flags (or NULL) */
     rb_delivery **recs;
     size_t n;
     rb_claim_result claim;  /* claim: the answer but its records (which are recs, n) */
@@ -205,6 +206,8 @@ static void ignore_done(void *ud, const char *err) { (void)ud; (void)err; }
 static void drop_results(fop *o)
 {
     faults_store *fs = o->fs;
+    free(o->kept);
+    o->kept = NULL;
     if (o->ids) {
         for (size_t i = 0; i < o->n; i++) free(o->ids[i]);
         free(o->ids);
@@ -305,7 +308,7 @@ static void deliver(fop *o)
     switch (o->op) {
     case RB_FOP_ENQUEUE:
     case RB_FOP_TX_ENQUEUE:
-        o->cb.ids(ud, err, err ? NULL : o->ids, err ? 0 : o->n);
+        o->cb.ids(ud, err, err ? NULL : o->ids, err ? NULL : o->kept, err ? 0 : o->n);
         fop_free(o);
         break;
     case RB_FOP_CLAIM: {
@@ -499,10 +502,14 @@ static void arrived(fop *o, const char *err, int has_results)
     answered(o);
 }
 
-static void on_ids(void *ud, const char *err, char **ids, size_t n)
+static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
     fop *o = take(ud);
     if (!o) return;
+    if (!err && n && kept) {
+        if ((o->kept = rb_malloc(n))) memcpy(o->kept, kept, n);
+        else err = "out of memory (copying the ids of an enqueue)";
+    }
     if (!err && n) {
         o->ids = rb_calloc(n, sizeof *o->ids);
         for (size_t i = 0; o->ids && i < n; i++) {
@@ -690,7 +697,7 @@ static void fw_enqueue(rb_store *s, const rb_enqueue_item *items, size_t n, rb_i
 {
     faults_store *fs = FS(s);
     fop *o = fop_new(fs, RB_FOP_ENQUEUE, ud);
-    if (!o) { cb(ud, "out of memory", NULL, 0); return; }
+    if (!o) { cb(ud, "out of memory", NULL, NULL, 0); return; }
     o->cb.ids = cb;
     o->notify = 1;
     if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->enqueue(fs->inner, items, n, on_ids, ID));
@@ -825,7 +832,7 @@ static void fw_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_
 {
     faults_store *fs = FTX(tx)->fs;
     fop *o = fop_new(fs, RB_FOP_TX_ENQUEUE, ud);
-    if (!o) { cb(ud, "out of memory", NULL, 0); return; }
+    if (!o) { cb(ud, "out of memory", NULL, NULL, 0); return; }
     o->cb.ids = cb;
     FTX(tx)->enqueued = 1;
     if (goes_inner(o))

@@ -50,6 +50,9 @@ typedef struct rb_enqueue_item {
     const char *topic;
     const char *payload;    /* JSON text, already validated by the caller */
     const char *key;        /* dedupe key, or NULL */
+    int replace;            /* with a key: a pending delivery of the topic and key gets this
+                             * payload, run_at and max_attempts (its group stays) and keeps its
+                             * id; a running one is left alone (kept) */
     const char *group;      /* ordered group, or NULL: a claim takes a delivery of a group only
                              * while no other of it is processing under a live lease and none
                              * with a smaller id is pending or processing */
@@ -122,8 +125,11 @@ static inline size_t rb_scan_bound(size_t scan_max)
 
 /* --- callbacks ------------------------------------------------------------------------- */
 typedef void (*rb_done_cb)(void *ud, const char *err);
-/* ids: n strings, valid during the callback */
-typedef void (*rb_ids_cb)(void *ud, const char *err, char **ids, size_t n);
+/* ids: n strings, valid during the callback. kept: NULL, or n flags, nonzero where the item
+ * found a live delivery of its topic and key and left it as it was (a dedupe, or a replace of
+ * one already running): ids[i] is that one's. */
+typedef void (*rb_ids_cb)(void *ud, const char *err, char **ids, const unsigned char *kept,
+                          size_t n);
 /* recs: ownership of the array and of each record passes to the callee
  * (free with rb_delivery_list_free or rb_delivery_free + free(recs)) */
 typedef void (*rb_records_cb)(void *ud, const char *err, rb_delivery **recs, size_t n);

@@ -174,8 +174,9 @@ static void on_done(void *ud) { (*(int *)ud)++; }
 /* ---- store calls that may fail -------------------------------------------------------------- */
 typedef struct answer { int done; int failed; char ids[DELIVERIES][24]; size_t n; rb_stats st; } answer;
 
-static void on_ids(void *ud, const char *err, char **ids, size_t n)
+static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
+    (void)kept;
     answer *a = ud;
     a->done = 1;
     a->failed = err != NULL;

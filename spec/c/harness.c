@@ -635,8 +635,9 @@ static void wait_for(th_env *e, waiter *w, const char *what)
     if (!w->done) fail_msg("%s: the store did not answer in 30 s", what);
 }
 
-static void on_ids(void *ud, const char *err, char **ids, size_t n)
+static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
+    (void)kept;
     waiter *w = ud;
     w->done = 1;
     if (err) { snprintf(w->err, sizeof w->err, "%s", err); return; }

@@ -36,9 +36,9 @@ static void w_stopped(rb_dispatcher *d, void *ud) { (void)d; ((worker *)ud)->sto
 static void w_quiet(rb_dispatcher *d, void *ud) { (void)d; ((worker *)ud)->quiet++; }
 
 typedef struct flag { int done; int64_t completed; } flag;
-static void on_ids(void *ud, const char *err, char **ids, size_t n)
+static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
-    (void)ids; (void)n;
+    (void)ids; (void)kept; (void)n;
     flag *f = ud;
     f->done = err ? -1 : 1;
 }

@@ -19,7 +19,7 @@ static void b_enqueue(rb_store *s, const rb_enqueue_item *items, size_t n, rb_id
 {
     (void)s; (void)items;
     char id[] = "1", *ids[] = {id};
-    cb(ud, NULL, ids, n ? 1 : 0);
+    cb(ud, NULL, ids, NULL, n ? 1 : 0);
 }
 
 static void b_get(rb_store *s, const char *id, rb_records_cb cb, void *ud)
@@ -83,9 +83,9 @@ static int answers[8];
 static char list_err[64];
 enum { A_ENQUEUE, A_GET, A_LIST, A_STATS, A_KICK, A_CLAIM };
 
-static void on_ids(void *ud, const char *err, char **ids, size_t n)
+static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
-    (void)ud; (void)ids;
+    (void)ud; (void)ids; (void)kept;
     if (!err && n == 1) answers[A_ENQUEUE]++;
 }
 
@@ -140,7 +140,7 @@ int main(void)
         fprintf(stderr, "faults_contract: %s\n", err);
         return 1;
     }
-    rb_enqueue_item it = {"t", "{}", NULL, 0, 0, 1};
+    rb_enqueue_item it = {.topic = "t", .payload = "{}", .max_attempts = 1};
     f->vt->enqueue(f, &it, 1, on_ids, NULL);
     f->vt->get(f, "1", on_records, (void *)(intptr_t)A_GET);
     f->vt->list(f, &(rb_list_req){.limit = 10}, on_records, (void *)(intptr_t)A_LIST);

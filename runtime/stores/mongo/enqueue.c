@@ -224,7 +224,7 @@ static void enq_done(mjob *j, const char *err)
     enq_job *q = (enq_job *)j;
     if (!err && j->tx) j->tx->enqueued = 1;     /* not visible before the commit */
     else if (!err) rb_store_notify_local(&j->s->base);
-    j->cb.ids(j->ud, err, err ? NULL : q->ids, err ? 0 : q->n);
+    j->cb.ids(j->ud, err, err ? NULL : q->ids, NULL, err ? 0 : q->n);
     enq_free(q);
 }
 
@@ -249,6 +249,8 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
              * group would crowd out the heads of others: groups wait for a store that can
              * keep a group's head in the document, docs/stores.md) */
             snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
+        } else if (items[i].replace) {
+            snprintf(err, errlen, "mongodb: replace is not supported on this store yet");
         } else if (!payload_check(s, payload, why, sizeof why)) {
             snprintf(err, errlen, "mongodb: payload cannot be stored: %s", why);
             mg_one_line(err, errlen);
@@ -274,10 +276,10 @@ void mg_enqueue(rb_store *st, const rb_enqueue_item *items, size_t n, rb_ids_cb 
     mstore *s = (mstore *)st;
     char err[ERRLEN];
     if (n == 0) {
-        cb(ud, NULL, NULL, 0);
+        cb(ud, NULL, NULL, NULL, 0);
         return;
     }
     enq_job *q = mg_enq_prepare(s, items, n, enq_work, cb, ud, err, sizeof err);
     if (q) mg_submit(s, &q->j);
-    else cb(ud, err, NULL, 0);
+    else cb(ud, err, NULL, NULL, 0);
 }

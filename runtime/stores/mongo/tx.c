@@ -126,12 +126,12 @@ void mg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb 
 {
     char err[ERRLEN];
     if (!tx->s) {
-        cb(ud, MG_STORE_CLOSED, NULL, 0);
+        cb(ud, MG_STORE_CLOSED, NULL, NULL, 0);
         return;
     }
     enq_job *q = mg_enq_prepare(tx->s, items, n, tx_enq_work, cb, ud, err, sizeof err);
     if (!q) {
-        cb(ud, err, NULL, 0);
+        cb(ud, err, NULL, NULL, 0);
         return;
     }
     q->j.tx = tx;

@@ -137,6 +137,7 @@ void pg_op_free(pg_op *op)
     free(op->map);
     free(op->saved_err);
     free(op->ids);
+    free(op->kept);
     free(op);
 }
 
@@ -394,7 +395,15 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n, int
         sb_num(&a[5], items[i].max_attempts, 1);
         sb_text(&a[6], items[i].group);
     }
-    int ok = pg_op_alloc_params(op, 8);
+    rb_buf replace = {0};
+    for (size_t i = 0; i < n; i++) {
+        sb_sep(&replace);
+        rb_buf_add(&replace, items[i].replace ? "t" : "f", 1);
+    }
+    int ok = pg_op_alloc_params(op, 9);
+    char *text = sb_array(&replace);
+    if (!text || !ok) { free(text); ok = 0; }
+    else op->params[8] = text;
     for (int i = 0; i < 7; i++) {
         char *text = sb_array(&a[i]);
         if (!text || !ok) { free(text); ok = 0; continue; }
@@ -405,7 +414,7 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n, int
     op->expect = n;
     /* Once the rows are committed the answer must not fail for want of memory: the caller
      * would enqueue them again. */
-    if (ok && !(op->ids = rb_calloc(n, sizeof *op->ids))) ok = 0;
+    if (ok && (!(op->ids = rb_calloc(n, sizeof *op->ids)) || !(op->kept = rb_calloc(n, 1)))) ok = 0;
     return ok;
 }
 
@@ -414,12 +423,17 @@ static void enqueue_done(pg_op *op, PGresult *res, const char *err)
     pg_store *s = op->s;
     size_t n = err ? 0 : (size_t)PQntuples(res);
     if (!err && n != op->expect) err = "postgresql: enqueue returned a different number of ids";
-    if (err) { op->cb.ids(op->ud, err, NULL, 0); pg_op_free(op); return; }
+    if (!err && n && PQnfields(res) < 2) err = "postgresql: enqueue returned too few columns";
+    if (err) { op->cb.ids(op->ud, err, NULL, NULL, 0); pg_op_free(op); return; }
     char **ids = op->ids;       /* n == op->expect ids fit */
-    for (size_t i = 0; i < n; i++) ids[i] = PQgetvalue(res, (int)i, 0);
+    unsigned char *kept = op->kept;
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = PQgetvalue(res, (int)i, 0);
+        kept[i] = PQgetvalue(res, (int)i, 1)[0] == 't';
+    }
     if (op->tx) op->tx->enqueued = 1;  /* wakes this process when the transaction commits */
     int local = !op->tx;
-    op->cb.ids(op->ud, NULL, ids, n);
+    op->cb.ids(op->ud, NULL, ids, kept, n);
     if (local && !s->closed) rb_store_notify_local(&s->base);
     pg_op_free(op);
 }
@@ -428,12 +442,12 @@ static void enqueue_done(pg_op *op, PGresult *res, const char *err)
 pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, int hold, rb_ids_cb cb,
                      void *ud)
 {
-    if (n == 0) { cb(ud, NULL, NULL, 0); return NULL; }
+    if (n == 0) { cb(ud, NULL, NULL, NULL, 0); return NULL; }
     pg_op *op = pg_op_new(s, enqueue_done, ud);
     if (op) op->cb.ids = cb;
     if (!op || !enqueue_params(op, items, n, hold)) {
         pg_op_free(op);
-        cb(ud, "postgresql: out of memory", NULL, 0);
+        cb(ud, "postgresql: out of memory", NULL, NULL, 0);
         return NULL;
     }
     return op;

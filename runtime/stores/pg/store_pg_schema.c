@@ -242,14 +242,23 @@
  * release waits for the enqueue's commit, or the enqueue reads the release's. The enqueue only
  * tries the lock (when another holds it, it adds without holding: it never waits, so no cycle
  * of waits can form through it), and only p_hold (store:enqueue, which commits at once) takes
- * it: a user's transaction (tx:enqueue) would keep the group's releases waiting until it ends. */
+ * it: a user's transaction (tx:enqueue) would keep the group's releases waiting until it ends.
+ * (A replace, ENQ_GROUPED, keeps a held delivery held: its new due time goes to held_run_at.) */
 #define GROUP_KEY(G) "(('\"@T\"'::regclass::oid::bigint << 32) | (hashtext(" G ")::bigint & 4294967295))"
 
+/* The enqueue of schema 11 ("@T_enqueue"; "@T_enq" of migration 1 stays as it was for the
+ * calls of earlier versions and of applications): per item also its group, and with p_hold
+ * whether it may be held (above), and p_replace whether a pending delivery of its key gets its
+ * payload, run_at (or held_run_at) and max_attempts. Its rows: each item's id, and c_kept,
+ * whether a live delivery was found by the key and left as it was (a dedupe, or a replace of
+ * one running). A replace locks the row it found (FOR UPDATE): a claim beside it skips the
+ * row until the replace commits, or the replace waits for the claim and finds it running. */
 #define ENQ_GROUPED \
-    "CREATE OR REPLACE FUNCTION \"@T_enq\"(p_topic text[], p_payload text[], p_key text[]," \
-    " p_run_at float8[], p_delay float8[], p_max integer[], p_group text[] DEFAULT NULL," \
-    " p_hold boolean DEFAULT false) RETURNS SETOF bigint LANGUAGE plpgsql AS $f$\n" \
-    "DECLARE i integer; nid bigint; locked text[] := '{}'; at timestamptz; held boolean;\n" \
+    "CREATE OR REPLACE FUNCTION \"@T_enqueue\"(p_topic text[], p_payload text[], p_key text[]," \
+    " p_run_at float8[], p_delay float8[], p_max integer[], p_group text[], p_hold boolean," \
+    " p_replace boolean[]) RETURNS TABLE (c_id bigint, c_kept boolean) LANGUAGE plpgsql AS $f$\n" \
+    "DECLARE i integer; nid bigint; pend boolean; locked text[] := '{}'; at timestamptz;" \
+    " held boolean;\n" \
     "BEGIN\n" \
     "  IF p_hold THEN\n" \
     "    locked := ARRAY(SELECT g FROM (SELECT DISTINCT g FROM unnest(p_group) AS q(g)" \
@@ -269,13 +278,14 @@
     "      SELECT v.t, v.p::jsonb, CASE WHEN v.held THEN 'infinity' ELSE v.due END, v.m, v.g,\n" \
     "             CASE WHEN v.held THEN v.due END\n" \
     "      FROM v ORDER BY v.ord RETURNING id)\n" \
-    "    SELECT ins.id FROM ins ORDER BY ins.id;\n" \
+    "    SELECT ins.id, false FROM ins ORDER BY ins.id;\n" \
     "  ELSE\n" \
     "    FOR i IN 1 .. coalesce(array_length(p_topic, 1), 0) LOOP\n" \
     "      at := CASE WHEN p_run_at[i] > 0 THEN to_timestamp(p_run_at[i])\n" \
     "            ELSE now() + p_delay[i] * interval '1 second' END;\n" \
     "      held := p_group[i] = ANY(locked) AND EXISTS (SELECT 1 FROM \"@T\" AS l\n" \
     "              WHERE l.group_name = p_group[i] AND l." LIVE ");\n" \
+    "      c_kept := false;\n" \
     "      LOOP\n" \
     "        INSERT INTO \"@T\" (topic, payload, key, run_at, max_attempts, group_name, held_run_at)\n" \
     "        VALUES (p_topic[i], p_payload[i]::jsonb, p_key[i],\n" \
@@ -284,11 +294,26 @@
     "        ON CONFLICT (topic, key) WHERE key IS NOT NULL AND " LIVE " DO NOTHING\n" \
     "        RETURNING id INTO nid;\n" \
     "        EXIT WHEN nid IS NOT NULL;\n" \
-    "        SELECT id INTO nid FROM \"@T\"\n" \
-    "         WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE ";\n" \
-    "        EXIT WHEN nid IS NOT NULL;\n" \
+    "        IF p_replace[i] THEN\n" \
+    "          SELECT id, status = 'pending' INTO nid, pend FROM \"@T\"\n" \
+    "           WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE " FOR UPDATE;\n" \
+    "        ELSE\n" \
+    "          SELECT id, false INTO nid, pend FROM \"@T\"\n" \
+    "           WHERE topic = p_topic[i] AND key = p_key[i] AND " LIVE ";\n" \
+    "        END IF;\n" \
+    "        IF nid IS NOT NULL THEN\n" \
+    "          c_kept := NOT pend;\n" \
+    "          IF pend THEN\n" \
+    "            UPDATE \"@T\" SET payload = p_payload[i]::jsonb, max_attempts = p_max[i],\n" \
+    "              run_at = CASE WHEN held_run_at IS NULL THEN at ELSE run_at END,\n" \
+    "              held_run_at = CASE WHEN held_run_at IS NULL THEN NULL ELSE at END\n" \
+    "             WHERE id = nid;\n" \
+    "          END IF;\n" \
+    "          EXIT;\n" \
+    "        END IF;\n" \
     "      END LOOP;\n" \
-    "      RETURN NEXT nid;\n" \
+    "      c_id := nid;\n" \
+    "      RETURN NEXT;\n" \
     "    END LOOP;\n" \
     "  END IF;\n" \
     "  PERFORM pg_notify('@T', '');\n" \
@@ -571,10 +596,9 @@ static const char *const migrations[] = {
     "SELECT * FROM \"@T_claim\"(p_topics, p_limit, p_lease, p_token, s_id, s_token, s_kind,"
     " s_delay, s_error, false, false)\n"
     "$f$;\n"
-    "DROP FUNCTION IF EXISTS \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[]);\n"
     ENQ_GROUPED
-    "ALTER FUNCTION \"@T_enq\"(text[], text[], text[], float8[], float8[], integer[], text[],"
-    " boolean) SET search_path FROM CURRENT;\n"
+    "ALTER FUNCTION \"@T_enqueue\"(text[], text[], text[], float8[], float8[], integer[], text[],"
+    " boolean, boolean[]) SET search_path FROM CURRENT;\n"
     GROUP_NEXT_TRIGGER
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n"
@@ -589,8 +613,8 @@ static const char *const migrations[] = {
 const char *const rb_pg_stmt_names[ST_COUNT] = {
     "rb_enq", "rb_claim", "rb_settle", "rb_get", "rb_lacq", "rb_lext", "rb_lrel"};
 const char *const rb_pg_stmt_templates[ST_COUNT] = {
-    [ST_ENQ] = "SELECT id::text FROM \"@T_enq\"($1::text[], $2::text[], $3::text[],"
-               " $4::float8[], $5::float8[], $6::integer[], $7::text[], $8::boolean) AS id",
+    [ST_ENQ] = "SELECT c_id::text, c_kept FROM \"@T_enqueue\"($1::text[], $2::text[], $3::text[],"
+               " $4::float8[], $5::float8[], $6::integer[], $7::text[], $8::boolean, $9::boolean[])",
     [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
                  " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true, true)",
     [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"

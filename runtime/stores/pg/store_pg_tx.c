@@ -136,7 +136,7 @@ static int controls_transaction(const char *sql)
 void pg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud)
 {
     pg_store *s = tx->s;
-    if (!s) { cb(ud, pg_closed_msg, NULL, 0); return; }
+    if (!s) { cb(ud, pg_closed_msg, NULL, NULL, 0); return; }
     pg_op *op = pg_enqueue_op(s, items, n, 0, cb, ud);
     if (!op) return;
     op->tx = tx;

@@ -72,6 +72,7 @@ struct job {
     int stage;              /* commit: 1 once the completion is written */
     /* results */
     char (*idbuf)[24]; char **idp;
+    unsigned char *kept;    /* enqueue: the items that found a live delivery and left it */
     rb_delivery **recs; size_t nrecs;
     rb_stats st;
     rb_rowset *rows;
@@ -353,8 +354,10 @@ static int collect_records(rb_sqlite *s, job *j, sqlite3_stmt *st)
 }
 
 /* --- enqueue ---------------------------------------------------------------------------- */
-/* The id of a pending or processing delivery with the item's topic and key, or 0. */
-static int find_by_key(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_int64 *found)
+/* The id of a pending or processing delivery with the item's topic and key, or 0; *pending
+ * whether it is pending. */
+static int find_by_key(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_int64 *found,
+                       int *pending)
 {
     sqlite3_stmt *st;
     int rc = prep(s, j, ST_ENQ_FIND, &st);
@@ -362,23 +365,49 @@ static int find_by_key(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_
     bind_text(st, 1, it->topic);
     bind_text(st, 2, it->key);
     *found = 0;
+    *pending = 0;
     rc = step(s, j, st);
-    if (rc == SQLITE_ROW) *found = sqlite3_column_int64(st, 0);
+    if (rc == SQLITE_ROW) {
+        *found = sqlite3_column_int64(st, 0);
+        *pending = sqlite3_column_int(st, 1);
+    }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-static int enqueue_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, double now, char *id)
+/* A pending delivery found by its key gets the item's payload, run_at and max_attempts. */
+static int replace_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_int64 id,
+                       double run_at)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_ENQ_REPLACE, &st);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    bind_text(st, 2, it->payload);
+    sqlite3_bind_double(st, 3, run_at);
+    sqlite3_bind_int(st, 4, it->max_attempts > 0 ? it->max_attempts : 1);
+    if ((rc = run_to_done(s, j, st)) == SQLITE_OK) j->notify = 1;
+    return rc;
+}
+
+/* Adds one item (or finds the live delivery of its key, which a replace changes when it is
+ * pending); its id into id, and *kept whether a live one was left as it was. */
+static int enqueue_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, double now, char *id,
+                       unsigned char *kept)
 {
     sqlite3_int64 found = 0;
-    int rc = it->key ? find_by_key(s, j, it, &found) : SQLITE_OK;
+    int pending = 0;
+    int rc = it->key ? find_by_key(s, j, it, &found, &pending) : SQLITE_OK;
     if (rc != SQLITE_OK) return rc;
+    double run_at = isfinite(it->run_at) && it->run_at > 0 ? it->run_at
+                                                           : now + sane_secs(it->delay);
+    *kept = found && !(it->replace && pending);
+    if (found && it->replace && pending && (rc = replace_one(s, j, it, found, run_at)) != SQLITE_OK)
+        return rc;
     if (!found) {
         sqlite3_stmt *st;
         if ((rc = prep(s, j, ST_ENQ_INSERT, &st)) != SQLITE_OK) return rc;
-        double run_at = isfinite(it->run_at) && it->run_at > 0 ? it->run_at
-                                                               : now + sane_secs(it->delay);
         bind_text(st, 1, it->topic);
         bind_text(st, 2, it->payload);
         bind_text(st, 3, it->key);
@@ -427,7 +456,7 @@ static job_rc run_enqueue(rb_sqlite *s, job *j)
     int rc = scope_begin(s, j);
     double now = rb_wall_time();
     for (size_t i = 0; rc == SQLITE_OK && i < j->nitems; i++)
-        rc = enqueue_one(s, j, &j->items[i], now, j->idbuf[i]);
+        rc = enqueue_one(s, j, &j->items[i], now, j->idbuf[i], &j->kept[i]);
     rc = scope_end(s, j, rc);
     if (rc == SQLITE_OK && j->tx && j->notify) {
         j->tx->enqueued = 1;    /* the wake-up waits for the user's commit */
@@ -1246,7 +1275,7 @@ static void report_done(job *j, const char *err) { if (j->cb.done) j->cb.done(j-
 
 static void report_ids(job *j, const char *err)
 {
-    if (j->cb.ids) j->cb.ids(j->ud, err, err ? NULL : j->idp, err ? 0 : j->nitems);
+    if (j->cb.ids) j->cb.ids(j->ud, err, err ? NULL : j->idp, err ? NULL : j->kept, err ? 0 : j->nitems);
 }
 
 static void report_records(job *j, const char *err)
@@ -1332,7 +1361,7 @@ static void free_job(job *j)
     free_records(j);
     rb_rowset_free(j->rows);
     free(j->items); free(j->topics); free(j->active);
-    free(j->params); free(j->idbuf); free(j->idp);
+    free(j->params); free(j->idbuf); free(j->idp); free(j->kept);
     free(j);
 }
 
@@ -1530,18 +1559,20 @@ static job *enqueue_job(rb_sqlite *s, rb_tx *tx, const rb_enqueue_item *items, s
                         rb_ids_cb cb, void *ud)
 {
     job *j = new_job(s, tx, &T_ENQUEUE, ud);
-    if (!j) { cb(ud, OOM, NULL, 0); return NULL; }
+    if (!j) { cb(ud, OOM, NULL, NULL, 0); return NULL; }
     j->cb.ids = cb;
     j->nitems = n;
     j->items = rb_calloc(n + 1, sizeof *j->items);
     j->idbuf = rb_calloc(n + 1, sizeof *j->idbuf);
     j->idp = rb_calloc(n + 1, sizeof *j->idp);
-    if (!j->items || !j->idbuf || !j->idp) { j->oom = 1; return j; }
+    j->kept = rb_calloc(n + 1, 1);
+    if (!j->items || !j->idbuf || !j->idp || !j->kept) { j->oom = 1; return j; }
     for (size_t i = 0; i < n; i++) {
         j->items[i] = items[i];
         j->items[i].topic = keep(j, items[i].topic);
         j->items[i].payload = keep(j, items[i].payload ? items[i].payload : "null");
         j->items[i].key = keep(j, items[i].key);
+        j->items[i].group = keep(j, items[i].group);
         j->idp[i] = j->idbuf[i];
     }
     return j;

@@ -105,10 +105,14 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " json_object('attempt', attempts, 'at', ?1, 'error', ?5)) END,"
 
 const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
-    [ST_ENQ_FIND] = "SELECT id FROM \"{t}\" WHERE key IS NOT NULL"
+    [ST_ENQ_FIND] = "SELECT id, status = 'pending' FROM \"{t}\" WHERE key IS NOT NULL"
         " AND status IN ('pending','processing') AND topic = ?1 AND key = ?2 ORDER BY id LIMIT 1",
     [ST_ENQ_INSERT] = "INSERT INTO \"{t}\" (topic, payload, key, status, attempts, max_attempts,"
         " fence, run_at, created_at, group_name) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6, ?7)",
+    /* a replace (?1 id, ?2 payload, ?3 run_at, ?4 max_attempts) of a delivery found pending
+     * in the same write transaction */
+    [ST_ENQ_REPLACE] = "UPDATE \"{t}\" SET payload = ?2, run_at = ?3, max_attempts = ?4"
+        " WHERE id = ?1 AND status = 'pending'",
     [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
         " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
     [ST_CLAIM_TAKE] = "UPDATE \"{t}\" SET status = 'processing', attempts = attempts + 1,"
