@@ -288,6 +288,8 @@ Options:
   --delay S         run no sooner than S seconds from now
   --key K           dedupe key: while a delivery of TOPIC with key K is pending or
                     processing, print its id and add nothing
+  --replace         with --key: a pending delivery of TOPIC with key K gets JSON and the
+                    options and keeps its id; a running one is left as it is (said on stderr)
   --group G         ordered group: deliveries of group G run one at a time, in order
   --max-attempts N  bury after N attempts (default 25)
 ]] .. STORE_HELP
@@ -414,7 +416,7 @@ local COMMON = { store = "store", table = "table", help = "flag" }
 local SPECS = {
   run = { options = { store = "store", help = "flag" }, stop_at_positional = true },
   enqueue = { options = { delay = "seconds", key = "string", group = "string",
-                          ["max-attempts"] = "count" } },
+                          replace = "flag", ["max-attempts"] = "count" } },
   stats = { options = { json = "flag", topics = "flag" } },
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag",
                        ["topic-prefix"] = "string", key = "string", error = "string" } },
@@ -782,11 +784,15 @@ function commands.run(c)
 end
 
 function commands.enqueue(c)
+  if c.opts.replace and not c.opts.key then usage("enqueue: --replace needs --key") end
   local eopts = { delay = c.opts.delay, key = c.opts.key, group = c.opts.group,
-                  max_attempts = c.opts["max-attempts"] }
+                  replace = c.opts.replace or nil, max_attempts = c.opts["max-attempts"] }
   local store = open_store(c, true)
-  local id = call(c, store, "enqueue_json", c.topic, c.text, eopts)
+  local id, made = call(c, store, "enqueue_json", c.topic, c.text, eopts)
   io.stdout:write(show(id), "\n")
+  if c.opts.replace and made == false then
+    io.stderr:write("relaybus: enqueue: delivery ", show(id), " is running: left as it is\n")
+  end
   store:close()
   return EXIT_OK
 end

@@ -1402,6 +1402,126 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("replace by key", function()
+      if entry.kind == "mongodb" then
+        it("replace is refused in one line and nothing is written (not supported on MongoDB yet)", function()
+          local id, err = store:enqueue("rp.m", 1, { key = "k", replace = true })
+          assert.is_nil(id)
+          H.one_line(err)
+          assert.truthy(err:find("replace is not supported", 1, true), err)
+          assert.equal(0, total(store))
+        end)
+        return
+      end
+
+      it("a pending delivery gets the new payload, run_at and max_attempts and keeps its id", function()
+        local id, made = store:enqueue("rp.pending", { v = 1 }, { key = "k", replace = true })
+        assert.is_string(id)
+        assert.is_true(made)
+        local again, made2 = store:enqueue("rp.pending", { v = 2 }, { key = "k", replace = true, delay = 60, max_attempts = 3 })
+        assert.equal(id, again)
+        assert.is_true(made2)
+        expect(store, id, { payload = nil, max_attempts = 3, status = "pending", run_at_near = relaybus.time() + 60 })
+        assert.same({ v = 2 }, assert(store:get(id)).payload)
+        assert.equal(1, total(store))
+        -- another topic's key is another delivery
+        local other = assert(store:enqueue("rp.other", { v = 9 }, { key = "k", replace = true }))
+        assert.are_not.equal(id, other)
+        -- without replace the key still only dedupes
+        assert.equal(id, assert(store:enqueue("rp.pending", { v = 3 }, { key = "k" })))
+        assert.same({ v = 2 }, assert(store:get(id)).payload)
+      end)
+
+      it("a running delivery is left alone: its id and false; once settled a replace makes a new one", function()
+        local id = assert(store:enqueue("rp.run", { v = 1 }, { key = "k" }))
+        local seen, answer = {}, nil
+        drive(store, "rp.run", function(delivery, ctx, stop)
+          seen[#seen + 1] = delivery.payload.v
+          if #seen == 1 then
+            answer = table.pack(store:enqueue("rp.run", { v = 2 }, { key = "k", replace = true }))
+            ctx:sleep(0.05)
+          end
+          stop()
+        end)
+        assert.same({ 1 }, seen)
+        assert.equal(id, answer[1])
+        assert.is_false(answer[2])
+        expect(store, id, { status = "completed" })
+        assert.same({ v = 1 }, assert(store:get(id)).payload)
+        local new, made = store:enqueue("rp.run", { v = 3 }, { key = "k", replace = true })
+        assert.are_not.equal(id, new)
+        assert.is_true(made)
+      end)
+
+      it("replace needs a key and a boolean; misuse writes nothing", function()
+        for _, opts in ipairs { { replace = true }, { key = "k", replace = "yes" }, { key = "k", replace = 1 } } do
+          local ok, err = pcall(store.enqueue, store, "rp.bad", 1, opts)
+          assert.is_false(ok)
+          H.one_line(tostring(err))
+          assert.truthy(tostring(err):find("replace", 1, true), tostring(err))
+        end
+        assert.equal(0, total(store))
+        -- replace = false is a plain keyed enqueue, with one result
+        local r = table.pack(store:enqueue("rp.bad", 1, { key = "k", replace = false }))
+        assert.equal(1, r.n)
+      end)
+
+      it("enqueue_many and tx:enqueue replace too, and say which items made or replaced", function()
+        local first = assert(store:enqueue("rp.many", { v = 1 }, { key = "a" }))
+        local ids, made = store:enqueue_many { { "rp.many", { v = 2 }, { key = "a", replace = true } },
+                                               { "rp.many", { v = 3 }, { key = "b", replace = true } },
+                                               { "rp.many", { v = 4 } } }
+        assert.equal(first, ids[1])
+        assert.same({ true, true, true }, made)
+        assert.same({ v = 2 }, assert(store:get(first)).payload)
+        local ok, id, made1 = store:transaction(function(tx)
+          return tx:enqueue("rp.many", { v = 5 }, { key = "b", replace = true })
+        end)
+        assert.is_true(ok, id)
+        assert.equal(ids[2], id)
+        assert.is_true(made1)
+        assert.same({ v = 5 }, assert(store:get(ids[2])).payload)
+        assert.equal(3, total(store))
+      end)
+
+      it("a replaced delivery keeps its group and its place in it", function()
+        assert(store:enqueue("rp.group", { n = 1 }, { group = "g", key = "one" }))
+        local second = assert(store:enqueue("rp.group", { n = 2 }, { group = "g", key = "two" }))
+        local id, made = store:enqueue("rp.group", { n = 22 }, { group = "other", key = "two", replace = true })
+        assert.equal(second, id)
+        assert.is_true(made)
+        expect(store, second, { group = "g" })
+        local order = {}
+        drive(store, "rp.group", function(delivery, _, stop)
+          order[#order + 1] = delivery.payload.n
+          if #order == 2 then stop() end
+        end)
+        assert.same({ 1, 22 }, order)
+      end)
+
+      it("a replace racing a claim: what it answers is what runs (20 rounds)", function()
+        for round = 1, 20 do
+          local topic = "rp.race" .. round
+          assert(store:enqueue(topic, { v = 0 }, { key = "k", delay = 0.03 }))
+          local seen, answer
+          local d = H.dispatcher(store, { poll_interval = 0.01 })
+          local stop = H.stopper(d)
+          d:handle(topic, function(delivery, ctx)
+            seen = delivery.payload.v
+            while not answer do ctx:sleep(0.005) end
+            stop()
+          end)
+          relaybus.spawn(function()
+            relaybus.sleep((round % 5) * 0.012)
+            answer = table.pack(store:enqueue(topic, { v = 1 }, { key = "k", replace = true }))
+          end)
+          assert.is_true((H.run(d, 10)))
+          assert.is_string(answer[1], answer[2])
+          if answer[2] then assert.equal(1, seen, "round " .. round) else assert.equal(0, seen, "round " .. round) end
+        end
+      end)
+    end)
+
     describe("cancel", function()
       -- cancel answers true or false, or nil and an error
       local function answer(v, err) assert.is_nil(err) return v end
