@@ -81,6 +81,17 @@ local function sequence(seed, url, opts, steps)
       local res = call("enqueue_many", s.enqueue_many, s, { { "m.t", { a = 1 } }, { "m.t", { b = 2 }, { delay = 0 } } })
       if type(res) == "table" then for _, id in ipairs(res) do keep_id(id) end end
     end,
+    -- grouped, and keyed with replace (MongoDB refuses both, in one line)
+    function()
+      local s = pick(stores); if not s then return end
+      keep_id(call("enqueue(group)", s.enqueue, s, "m.t", { n = rnd(1000) },
+        { group = pick { "ga", "gb" }, max_attempts = rnd(1, 3) }))
+    end,
+    function()
+      local s = pick(stores); if not s then return end
+      keep_id(call("enqueue(replace)", s.enqueue, s, "m.t", { r = rnd(1000) },
+        { key = pick { "ka", "kb" }, replace = true, delay = pick { 0, 0.05 } }))
+    end,
     function() local s = pick(stores); if s then call("enqueue(bad)", s.enqueue, s, "", nil) end end,
     function() local s = pick(stores); if s then call("enqueue(bad opts)", s.enqueue, s, "m.t", {}, { nope = 1 }) end end,
     function() local s = pick(stores); if s then call("list", s.list, s, { status = pick { "pending", "buried", "nope" }, limit = rnd(1, 5) }) end end,

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "store_faults.h"
+#include "util/check.h"
 #include "util/alloc.h"
 #include "util/timer.h"
 #include "util/list.h"
@@ -71,6 +72,8 @@ struct fop {
     int in_inner;           /* the inner store has not answered (or its answer is in transit) */
     int orphan;             /* the caller was answered at close: drop the inner store's answer */
     int notify;             /* a successful answer wakes this process's dispatchers */
+    int hold, ready;        /* the script holds the answer; the inner store has given it */
+    const rb_claim_req *req;/* claim: the caller's request, for the script (during the call) */
     /* the caller */
     rb_store_cb cb;
     void *ud;
@@ -122,6 +125,11 @@ struct faults_store {
     long calls[RB_FOP_COUNT];
     long injected[RB_FAULT_KINDS][RB_FOP_COUNT];
     long sync_answers, held, twice, wrong_thread, multiline, err_with_result, unanswered;
+    rb_fault_script script;
+    /* the inner store's in-process hooks, which the wrapper passes on and keeps calling */
+    void (*inner_wakeup)(void *ud);
+    void (*inner_cancelled)(void *ud, const char *id, const char *token);
+    void *inner_hooks_ud;
     faults_store *next_live;
 };
 
@@ -305,6 +313,7 @@ static void deliver(fop *o)
     if (err) drop_results(o);
     void *ud = o->ud;
     fs->refs++;     /* fs outlives the callback even if the caller closes it there */
+    if (fs->script.answered) fs->script.answered(fs->script.ud, o->op);
     switch (o->op) {
     case RB_FOP_ENQUEUE:
     case RB_FOP_TX_ENQUEUE:
@@ -391,6 +400,10 @@ static void on_late(struct ev_loop *loop, ev_timer *w, int revents)
 static void schedule(fop *o)
 {
     faults_store *fs = o->fs;
+    if (o->hold && !fs->closed) {
+        o->ready = 1;           /* answered by rb_faults_release, or "store closed" at close */
+        return;
+    }
     if (o->delay > 0 && !fs->closed) {
         fs->injected[RB_FAULT_LATE][o->op]++;
         fs->held++;
@@ -641,6 +654,21 @@ static fop *fop_new(faults_store *fs, rb_fault_op op, void *ud)
  * at once, an injected failure now or later. */
 static int goes_inner(fop *o)
 {
+    faults_store *fs = o->fs;
+    if (fs->script.call && o->fault != F_CLOSED) {
+        rb_fault_call call = {.op = o->op, .claim = o->req, .ops = o->ops, .nops = o->nops};
+        rb_fault_plan plan = {0};
+        fs->script.call(fs->script.ud, &call, &plan);
+        if (plan.delay > 0) o->delay = plan.delay;
+        o->hold = plan.hold;
+        if (plan.refuse) {
+            o->hold = 0;
+            o->fault = F_NONE;
+            set_err(o, plan.refuse);
+            schedule(o);
+            return 0;
+        }
+    }
     if (o->fault == F_CLOSED) {
         set_err(o, "store closed");
         deliver(o);
@@ -709,7 +737,10 @@ static void fw_claim(rb_store *s, const rb_claim_req *req, rb_claim_cb cb, void 
     fop *o = fop_new(fs, RB_FOP_CLAIM, ud);
     if (!o) { cb(ud, "out of memory", NULL); return; }
     o->cb.claim = cb;
-    if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->claim(fs->inner, req, on_claim, ID));
+    o->req = req;
+    int forward = goes_inner(o);
+    if (forward) o->req = NULL;     /* (not kept past the call) */
+    if (forward) FORWARD(fs, o, fs->inner->vt->claim(fs->inner, req, on_claim, ID));
 }
 
 static void fw_settle(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud)
@@ -960,6 +991,11 @@ static void fw_close(rb_store *s)
     fs->closed = 1;
     if (fs->wakeup_set && inner_usable(fs) && !fs->opt.own_inner)
         fs->inner->vt->set_wakeup(fs->inner, NULL, NULL);
+    if (inner_usable(fs) && fs->inner->local_wakeup_ud == fs) {   /* the inner's hooks back */
+        fs->inner->local_wakeup = fs->inner_wakeup;
+        fs->inner->local_cancelled = fs->inner_cancelled;
+        fs->inner->local_wakeup_ud = fs->inner_hooks_ud;
+    }
     fs->refs++;
     /* Every caller still waiting hears "store closed" now; an inner store's answer that
      * comes later is dropped. */
@@ -1004,6 +1040,112 @@ static void fw_close(rb_store *s)
     }
     fs_unref(fs);   /* the reference taken above */
     fs_unref(fs);   /* the open store's */
+}
+
+/* ---- operations forwarded as they are ------------------------------------------------------ */
+static void pt_topic_stats(rb_store *s, rb_rows_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", NULL); return; }
+    fs->inner->vt->topic_stats(fs->inner, cb, ud);
+}
+static void pt_pending_topics(rb_store *s, size_t scan_max, rb_rows_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", NULL); return; }
+    fs->inner->vt->pending_topics(fs->inner, scan_max, cb, ud);
+}
+static void pt_bury(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->bury(fs->inner, id, reason, cb, ud);
+}
+static void pt_cancel(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->cancel(fs->inner, id, reason, cb, ud);
+}
+static void pt_remove(rb_store *s, const char *id, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->remove(fs->inner, id, cb, ud);
+}
+static void pt_progress(rb_store *s, rb_tx *tx, const char *id, const char *token,
+                        const char *json, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->progress(fs->inner, tx ? FTX(tx)->inner : NULL, id, token, json, cb, ud);
+}
+static void pt_pause(rb_store *s, const char *topic, int paused, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->pause(fs->inner, topic, paused, cb, ud);
+}
+static void pt_paused(rb_store *s, rb_rows_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", NULL); return; }
+    fs->inner->vt->paused(fs->inner, cb, ud);
+}
+
+/* The inner store's in-process word (a local enqueue, a cancelled run) reaches whoever
+ * listens on the wrapper, and whoever listened on the inner store before. */
+static void fw_local_wakeup(void *ud)
+{
+    faults_store *fs = ud;
+    if (fs->inner_wakeup) fs->inner_wakeup(fs->inner_hooks_ud);
+    if (!fs->closed) rb_store_notify_local(&fs->base);
+}
+
+static void fw_local_cancelled(void *ud, const char *id, const char *token)
+{
+    faults_store *fs = ud;
+    if (fs->inner_cancelled) fs->inner_cancelled(fs->inner_hooks_ud, id, token);
+    if (!fs->closed) rb_store_cancelled(&fs->base, id, token);
+}
+
+void rb_faults_set_script(rb_store *s, const rb_fault_script *script)
+{
+    RB_ASSERT(rb_store_is_faults(s));
+    FS(s)->script = script ? *script : (rb_fault_script){0};
+}
+
+int rb_faults_ready(rb_store *s)
+{
+    RB_ASSERT(rb_store_is_faults(s));
+    int k = 0;
+    for (fop *o = FS(s)->waiting; o; o = o->next) k += o->hold && o->ready;
+    return k;
+}
+
+int rb_faults_release(rb_store *s)
+{
+    RB_ASSERT(rb_store_is_faults(s));
+    faults_store *fs = FS(s);
+    int k = 0;
+    fs->refs++;
+    for (fop *o = fs->waiting; o && !fs->closed;) {
+        if (o->hold && o->ready) {
+            deliver(o);     /* (unlinks o; the caller may start more) */
+            k++;
+            o = fs->waiting;
+        } else {
+            o = o->next;
+        }
+    }
+    fs_unref(fs);
+    return k;
+}
+
+rb_store_vtable *rb_faults_vtable(rb_store *s)
+{
+    RB_ASSERT(rb_store_is_faults(s));
+    return &FS(s)->vt;
 }
 
 rb_store *rb_faults_wrap(rb_store *inner, const rb_faults_options *o, char *err, size_t errlen)
@@ -1067,9 +1209,23 @@ rb_store *rb_faults_wrap(rb_store *inner, const rb_faults_options *o, char *err,
         .close = fw_close,
         .begin_leased = ivt->begin_leased ? fw_begin_leased : NULL,
         .tx_holds = ivt->tx_holds ? fw_tx_holds : NULL,
+        .topic_stats = ivt->topic_stats ? pt_topic_stats : NULL,
+        .pending_topics = ivt->pending_topics ? pt_pending_topics : NULL,
+        .bury = ivt->bury ? pt_bury : NULL,
+        .cancel = ivt->cancel ? pt_cancel : NULL,
+        .remove = ivt->remove ? pt_remove : NULL,
+        .progress = ivt->progress ? pt_progress : NULL,
+        .pause = ivt->pause ? pt_pause : NULL,
+        .paused = ivt->paused ? pt_paused : NULL,
     };
     fs->base.vt = &fs->vt;
     fs->base.loop = inner->loop;
+    fs->inner_wakeup = inner->local_wakeup;
+    fs->inner_cancelled = inner->local_cancelled;
+    fs->inner_hooks_ud = inner->local_wakeup_ud;
+    inner->local_wakeup = fw_local_wakeup;
+    inner->local_cancelled = fw_local_cancelled;
+    inner->local_wakeup_ud = fs;
     ev_async_init(&fs->async, on_async);
     fs->async.data = fs;
     ev_async_start(fs->base.loop, &fs->async);

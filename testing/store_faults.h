@@ -93,6 +93,44 @@ typedef struct rb_fault_stats {
     long unanswered;            /* unanswered when the owned inner store had closed */
 } rb_fault_stats;
 
+/* ---- a test's script ------------------------------------------------------------------------
+ * Beside the drawn faults, a test may decide what becomes of each call itself (the C tests'
+ * exact sequences: refuse the next settle, hold every claim's answer until the test lets it
+ * go, answer begins late) and count what was asked. script.call sees every call of the
+ * operations above before the draw and fills *plan; script.answered hears each caller being
+ * answered. Both run on the loop's thread; either may be NULL. The operations the wrapper
+ * does not inject faults into (topic_stats, pending_topics, bury, cancel, remove, progress,
+ * pause, paused) are forwarded to the inner store as they are, unseen by the script. */
+typedef struct rb_fault_call {
+    rb_fault_op op;
+    const rb_claim_req *claim;      /* a claim's request */
+    rb_settle_op *ops;              /* a settle's writes (the caller's array) */
+    size_t nops;
+} rb_fault_call;
+
+typedef struct rb_fault_plan {
+    const char *refuse;     /* non-NULL: answered with this error (copied), the inner store not
+                             * asked; a settle's writes are then not applied */
+    double delay;           /* > 0: the answer comes this much later (s), in place of a drawn one */
+    int hold;               /* the inner store's answer waits for rb_faults_release */
+} rb_fault_plan;
+
+typedef struct rb_fault_script {
+    void *ud;
+    void (*call)(void *ud, const rb_fault_call *call, rb_fault_plan *plan);
+    void (*answered)(void *ud, rb_fault_op op);
+} rb_fault_script;
+
+/* Sets (or with NULL clears) the script of wrapper s; copied. */
+void rb_faults_set_script(rb_store *s, const rb_fault_script *script);
+/* Answers every held call the inner store has answered; returns how many. */
+int rb_faults_release(rb_store *s);
+/* How many held calls the inner store has answered (rb_faults_release would answer them). */
+int rb_faults_ready(rb_store *s);
+/* The wrapper's own vtable: a test may change its flags (claim_parallelism) or leave out an
+ * optional operation (set it NULL) before the store is used. */
+rb_store_vtable *rb_faults_vtable(rb_store *s);
+
 /* Fills *st; returns -1 when s is not a fault-injecting wrapper. */
 int rb_faults_stats(rb_store *s, rb_fault_stats *st);
 int rb_store_is_faults(const rb_store *s);

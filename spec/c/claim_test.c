@@ -76,7 +76,7 @@ static void never_more_runs_than_concurrency(void **state)
 static void claims_in_flight(void **state, int parallelism)
 {
     th_env *e = th_env_of(state);
-    e->spy->vt.claim_parallelism = parallelism;
+    e->spy->vt->claim_parallelism = parallelism;
     slow_claims(e);
     th_ids ids = th_enqueue(e, T, 300, 0, 0);
     rb_dispatcher_options o;
@@ -98,7 +98,7 @@ static void claims_in_flight(void **state, int parallelism)
     /* PostgreSQL runs 2 claims of a table at once (its claim slots): a third waits for a slot
      * and says so, and the dispatcher then keeps one claim in flight for a while, which asks
      * for all the lane may hold (CI under ASan saw it) */
-    if (parallelism > 2 && strcmp(e->spy->vt.name, "postgresql") == 0) share = 30 * (1 + AHEAD_MAX);
+    if (parallelism > 2 && strcmp(e->spy->vt->name, "postgresql") == 0) share = 30 * (1 + AHEAD_MAX);
     for (int i = 0; i < e->spy->claim_calls && i < TH_MAX_CALLS; i++)
         assert_true(e->spy->claim_limit[i] <= share);
     assert_int_equal(h->max_running, 30);

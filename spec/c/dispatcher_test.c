@@ -513,7 +513,7 @@ static void insert_in_the_run(th_handler *h, th_run *r)
     assert_non_null(strstr(res.err, "transactional"));
     char sql[160];
     snprintf(sql, sizeof sql, "INSERT INTO %s VALUES ('%s')", fx(x->e), r->id);
-    x->e->spy->real->vt->tx_exec(tx, sql, NULL, 0, on_inserted, r);
+    x->e->store->vt->tx_exec(tx, sql, NULL, 0, on_inserted, r);     /* the run's store's transaction */
 }
 
 static void transactional(void **state, int ok)

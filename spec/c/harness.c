@@ -44,363 +44,89 @@ int th_leak_check(void)
 }
 
 /* ---- the store double ------------------------------------------------------------------- */
-struct th_held {
-    th_spy *spy;
-    rb_claim_cb cb;
-    void *ud;
-    int answered;               /* the real store has answered (below) */
-    char *err;
-    rb_claim_result res;        /* its answer, when not an error */
-    ev_timer timer;
-    th_held *next;
-};
-
-#define SPY(s) ((th_spy *)(s))
-#define REAL(s) (SPY(s)->real)
-
-static void held_unlink(th_held *h)
+/* The wrapper's script: counts each call and says what becomes of it, as the test set. */
+static void spy_call(void *ud, const rb_fault_call *call, rb_fault_plan *plan)
 {
-    for (th_held **pp = &h->spy->held; *pp; pp = &(*pp)->next)
-        if (*pp == h) { *pp = h->next; return; }
-}
-
-/* Hands one claim's answer to the dispatcher; frees h. */
-static void held_answer(th_held *h)
-{
-    th_spy *p = h->spy;
-    held_unlink(h);
-    ev_timer_stop(p->base.loop, &h->timer);
-    p->claims_in_flight--;
-    rb_claim_cb cb = h->cb;
-    void *ud = h->ud;
-    char *err = h->err;
-    rb_claim_result res = h->res;
-    free(h);
-    cb(ud, err, err ? NULL : &res);
-    free(err);
-}
-
-static void on_held_due(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop; (void)revents;
-    held_answer(w->data);
-}
-
-static void spy_claimed(void *ud, const char *err, rb_claim_result *res)
-{
-    th_held *h = ud;
-    th_spy *p = h->spy;
-    h->answered = 1;
-    h->err = err ? strdup(err) : NULL;
-    if (res) h->res = *res;     /* the records are passed on with it */
-    if (p->claim_delay > 0 && p->delay_claims != 0) {
-        if (p->delay_claims > 0) p->delay_claims--;
-        ev_timer_init(&h->timer, on_held_due, p->claim_delay, 0);
-        h->timer.data = h;
-        ev_timer_start(p->base.loop, &h->timer);
-    } else if (!p->hold_claims) {
-        held_answer(h);
-    }
-}
-
-int th_spy_answer_claims(th_spy *p)
-{
-    int k = 0;
-    for (th_held *h = p->held, *next; h; h = next) {
-        next = h->next;
-        if (h->answered) { held_answer(h); k++; next = p->held; }
-    }
-    return k;
-}
-
-int th_spy_held(const th_spy *p)
-{
-    int k = 0;
-    for (const th_held *h = p->held; h; h = h->next) k += h->answered;
-    return k;
-}
-
-static void spy_claim(rb_store *s, const rb_claim_req *req, rb_claim_cb cb, void *ud)
-{
-    th_spy *p = SPY(s);
-    if (p->claim_calls < TH_MAX_CALLS) p->claim_limit[p->claim_calls] = req->limit;
-    p->claim_calls++;
-    if (++p->claims_in_flight > p->max_claims_in_flight)
-        p->max_claims_in_flight = p->claims_in_flight;
-    if (p->refuse_claims != 0) {
-        if (p->refuse_claims > 0) p->refuse_claims--;
-        p->claims_in_flight--;
-        cb(ud, "claim refused by the test", NULL);
-        return;
-    }
-    th_held *h = calloc(1, sizeof *h);
-    assert_non_null(h);
-    h->spy = p;
-    h->cb = cb;
-    h->ud = ud;
-    ev_init(&h->timer, on_held_due);
-    h->next = p->held;
-    p->held = h;
-    p->real->vt->claim(p->real, req, spy_claimed, h);
-}
-
-/* A settle answer passed on settle_delay after the real store gave it. */
-struct late_settle {
-    th_spy *spy;
-    rb_done_cb cb;
-    void *ud;
-    char *err;
-    int answered;
-    ev_timer timer;
-    late_settle *next;
-};
-
-static void late_answer(late_settle *l)
-{
-    th_spy *p = l->spy;
-    for (late_settle **pp = &p->late; *pp; pp = &(*pp)->next)
-        if (*pp == l) { *pp = l->next; break; }
-    ev_timer_stop(p->base.loop, &l->timer);
-    rb_done_cb cb = l->cb;
-    void *ud = l->ud;
-    char *err = l->err;
-    free(l);
-    cb(ud, err);
-    free(err);
-}
-
-static void on_late_due(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop; (void)revents;
-    late_answer(w->data);
-}
-
-static void on_late_settled(void *ud, const char *err)
-{
-    late_settle *l = ud;
-    l->answered = 1;
-    l->err = err ? strdup(err) : NULL;
-    ev_timer_start(l->spy->base.loop, &l->timer);
-}
-
-static void spy_settle(rb_store *s, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud)
-{
-    th_spy *p = SPY(s);
-    if (p->settle_calls < TH_MAX_CALLS) {
-        p->batch[p->settle_calls] = n;
-        p->batch_at[p->settle_calls] = rb_monotonic();
-    }
-    p->settle_calls++;
-    p->settle_writes += n;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned)ops[i].kind < 5) p->kinds[ops[i].kind]++;
-    int mine = 0;
-    for (size_t i = 0; p->refuse_id[0] && i < n; i++)
-        mine |= ops[i].id && strcmp(ops[i].id, p->refuse_id) == 0;
-    int refuse = p->refuse_settles != 0 || (p->refuse_batches && n > 1) || mine;
-    if (refuse) {
-        if (p->refuse_settles > 0) p->refuse_settles--;
-        p->refused++;
-        for (size_t i = 0; i < n; i++) ops[i].applied = 0;
-        if (p->settle_delay <= 0) {
-            cb(ud, "refused by the test");
-            return;
+    th_spy *p = ud;
+    switch (call->op) {
+    case RB_FOP_CLAIM:
+        if (p->claim_calls < TH_MAX_CALLS) p->claim_limit[p->claim_calls] = call->claim->limit;
+        p->claim_calls++;
+        if (++p->claims_in_flight > p->max_claims_in_flight)
+            p->max_claims_in_flight = p->claims_in_flight;
+        if (p->refuse_claims != 0) {
+            if (p->refuse_claims > 0) p->refuse_claims--;
+            plan->refuse = "claim refused by the test";
+        } else if (p->claim_delay > 0 && p->delay_claims != 0) {
+            if (p->delay_claims > 0) p->delay_claims--;
+            plan->delay = p->claim_delay;
+        } else {
+            plan->hold = p->hold_claims;
         }
+        break;
+    case RB_FOP_SETTLE: {
+        if (p->settle_calls < TH_MAX_CALLS) {
+            p->batch[p->settle_calls] = call->nops;
+            p->batch_at[p->settle_calls] = rb_monotonic();
+        }
+        p->settle_calls++;
+        p->settle_writes += call->nops;
+        int mine = 0;
+        for (size_t i = 0; i < call->nops; i++) {
+            if ((unsigned)call->ops[i].kind < 5) p->kinds[call->ops[i].kind]++;
+            mine |= p->refuse_id[0] && call->ops[i].id && strcmp(call->ops[i].id, p->refuse_id) == 0;
+        }
+        if (p->refuse_settles != 0 || (p->refuse_batches && call->nops > 1) || mine) {
+            if (p->refuse_settles > 0) p->refuse_settles--;
+            p->refused++;
+            plan->refuse = "refused by the test";
+        }
+        plan->delay = p->settle_delay;
+        break;
     }
-    if (p->settle_delay > 0) {
-        late_settle *l = calloc(1, sizeof *l);
-        assert_non_null(l);
-        l->spy = p;
-        l->cb = cb;
-        l->ud = ud;
-        l->next = p->late;
-        p->late = l;
-        ev_timer_init(&l->timer, on_late_due, p->settle_delay, 0);
-        l->timer.data = l;
-        if (refuse) on_late_settled(l, "refused by the test");
-        else p->real->vt->settle(p->real, ops, n, on_late_settled, l);
-        return;
+    case RB_FOP_BEGIN:
+        p->begins++;
+        if (p->refuse_begins != 0) {
+            if (p->refuse_begins > 0) p->refuse_begins--;
+            plan->refuse = "begin refused by the test";
+        }
+        plan->delay = p->begin_delay;
+        break;
+    case RB_FOP_PURGE:
+        p->purges++;
+        break;
+    default:
+        break;
     }
-    p->real->vt->settle(p->real, ops, n, cb, ud);
 }
 
-static void spy_enqueue(rb_store *s, const rb_enqueue_item *it, size_t n, rb_ids_cb cb, void *ud)
-{
-    REAL(s)->vt->enqueue(REAL(s), it, n, cb, ud);
-}
-static void spy_get(rb_store *s, const char *id, rb_records_cb cb, void *ud)
-{
-    REAL(s)->vt->get(REAL(s), id, cb, ud);
-}
-static void spy_list(rb_store *s, const rb_list_req *req, rb_records_cb cb, void *ud)
-{
-    REAL(s)->vt->list(REAL(s), req, cb, ud);
-}
-static void spy_stats(rb_store *s, rb_stats_cb cb, void *ud)
-{
-    REAL(s)->vt->stats(REAL(s), cb, ud);
-}
-static void spy_kick(rb_store *s, rb_kick_mode m, const char *id, const char *topic,
-                     rb_count_cb cb, void *ud)
-{
-    REAL(s)->vt->kick(REAL(s), m, id, topic, cb, ud);
-}
-static void spy_purge(rb_store *s, const char *st, double age, size_t lim, rb_count_cb cb,
-                      void *ud)
-{
-    SPY(s)->purges++;
-    REAL(s)->vt->purge(REAL(s), st, age, lim, cb, ud);
-}
-static void spy_topic_stats(rb_store *s, rb_rows_cb cb, void *ud)
-{
-    REAL(s)->vt->topic_stats(REAL(s), cb, ud);
-}
-static void spy_pending_topics(rb_store *s, size_t scan_max, rb_rows_cb cb, void *ud)
-{
-    REAL(s)->vt->pending_topics(REAL(s), scan_max, cb, ud);
-}
-static void spy_bury(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
-{
-    REAL(s)->vt->bury(REAL(s), id, reason, cb, ud);
-}
-static void spy_cancel(rb_store *s, const char *id, const char *reason, rb_count_cb cb, void *ud)
-{
-    REAL(s)->vt->cancel(REAL(s), id, reason, cb, ud);
-}
-static void spy_remove(rb_store *s, const char *id, rb_count_cb cb, void *ud)
-{
-    REAL(s)->vt->remove(REAL(s), id, cb, ud);
-}
-static void spy_lease(rb_store *s, rb_lease_op op, const char *name, const char *token, double dur,
-                      rb_lease_cb cb, void *ud)
-{
-    REAL(s)->vt->lease(REAL(s), op, name, token, dur, cb, ud);
-}
-/* A begin's answer passed on begin_delay after the real store gave it. */
-typedef struct late_begin {
-    rb_tx_cb cb;
-    void *ud;
-    char *err;
-    rb_tx *tx;
-    double delay;
-    struct ev_loop *loop;
-    ev_timer timer;
-} late_begin;
-
-static void on_begin_due(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)revents;
-    late_begin *l = w->data;
-    ev_timer_stop(loop, w);
-    l->cb(l->ud, l->err, l->tx);
-    free(l->err);
-    free(l);
-}
-
-static void on_late_begun(void *ud, const char *err, rb_tx *tx)
-{
-    late_begin *l = ud;
-    l->err = err ? strdup(err) : NULL;
-    l->tx = tx;
-    ev_timer_init(&l->timer, on_begin_due, l->delay, 0);
-    l->timer.data = l;
-    ev_timer_start(l->loop, &l->timer);
-}
-
-static void spy_begin(rb_store *s, rb_tx_cb cb, void *ud)
-{
-    th_spy *p = SPY(s);
-    p->begins++;
-    if (p->refuse_begins != 0) {
-        if (p->refuse_begins > 0) p->refuse_begins--;
-        cb(ud, "begin refused by the test", NULL);
-        return;
-    }
-    if (p->begin_delay > 0) {
-        late_begin *l = calloc(1, sizeof *l);
-        assert_non_null(l);
-        *l = (late_begin){.cb = cb, .ud = ud, .delay = p->begin_delay, .loop = p->base.loop};
-        REAL(s)->vt->begin(REAL(s), on_late_begun, l);
-        return;
-    }
-    REAL(s)->vt->begin(REAL(s), cb, ud);
-}
-static void spy_set_wakeup(rb_store *s, void (*fn)(void *), void *ud)
-{
-    REAL(s)->vt->set_wakeup(REAL(s), fn, ud);
-}
-
-/* Claims still held get the error a closing store gives; then the real store closes. */
-static void spy_close(rb_store *s)
-{
-    th_spy *p = SPY(s);
-    while (p->held && p->held->answered) {
-        th_held *h = p->held;
-        rb_delivery_list_free(h->res.recs, h->res.n);
-        h->res = (rb_claim_result){0};
-        free(h->err);
-        h->err = strdup("store closed");
-        held_answer(h);
-    }
-    /* settle answers held back are passed on before the store goes */
-    while (p->late && p->late->answered) late_answer(p->late);
-    p->real->vt->close(p->real);
-    /* a claim the real store had not answered got "store closed" from it meanwhile */
-    while (p->held) th_spy_answer_claims(p);
-    while (p->late) late_answer(p->late);
-    rb_store_release_dispatch(&p->base);
-    free(p);
-}
-
-/* The in-process wake-up of the real store reaches whoever listens on the double; so does
- * its word of a cancelled run. */
-static void spy_local_wakeup(void *ud)
+static void spy_answered(void *ud, rb_fault_op op)
 {
     th_spy *p = ud;
-    if (p->base.local_wakeup) p->base.local_wakeup(p->base.local_wakeup_ud);
+    if (op == RB_FOP_CLAIM) p->claims_in_flight--;
 }
 
-static void spy_local_cancelled(void *ud, const char *id, const char *token)
-{
-    th_spy *p = ud;
-    rb_store_cancelled(&p->base, id, token);
-}
+int th_spy_answer_claims(th_spy *p) { return rb_faults_release(p->store); }
+int th_spy_held(const th_spy *p) { return rb_faults_ready(p->store); }
 
+/* The real store behind the wrapper (which owns it, and closes it with itself), counted. */
 static th_spy *spy_new(rb_store *real)
 {
     th_spy *p = calloc(1, sizeof *p);
     if (!p) return NULL;
+    rb_faults_options o;
+    rb_faults_options_init(&o, 1);
+    o.own_inner = 1;
+    char err[256];
+    if (!(p->store = rb_faults_wrap(real, &o, err, sizeof err))) {
+        fprintf(stderr, "# the store double: %s\n", err);
+        free(p);
+        return NULL;
+    }
     p->real = real;
-    /* Every operation goes through the double: the real store's functions must never see
-     * the double as their store (an operation added to the vtable needs a forwarder here). */
-    p->vt = (rb_store_vtable){.name = real->vt->name, .tx_exclusive = real->vt->tx_exclusive,
-                              .claim_parallelism = real->vt->claim_parallelism,
-                              .tx_enqueue = real->vt->tx_enqueue, .tx_exec = real->vt->tx_exec,
-                              .tx_query = real->vt->tx_query, .tx_doc = real->vt->tx_doc,
-                              .commit = real->vt->commit, .rollback = real->vt->rollback};
-    p->vt.enqueue = spy_enqueue;
-    p->vt.claim = spy_claim;
-    p->vt.settle = spy_settle;
-    p->vt.get = spy_get;
-    p->vt.list = spy_list;
-    p->vt.stats = spy_stats;
-    p->vt.kick = spy_kick;
-    p->vt.purge = spy_purge;
-    p->vt.topic_stats = real->vt->topic_stats ? spy_topic_stats : NULL;
-    p->vt.pending_topics = real->vt->pending_topics ? spy_pending_topics : NULL;
-    p->vt.bury = real->vt->bury ? spy_bury : NULL;
-    p->vt.cancel = real->vt->cancel ? spy_cancel : NULL;
-    p->vt.remove = real->vt->remove ? spy_remove : NULL;
-    p->vt.lease = real->vt->lease ? spy_lease : NULL;
-    p->vt.begin = spy_begin;
-    p->vt.set_wakeup = real->vt->set_wakeup ? spy_set_wakeup : NULL;
-    p->vt.close = spy_close;
-    p->base.vt = &p->vt;
-    p->base.loop = real->loop;
-    p->base.table = real->table;
-    real->local_wakeup = spy_local_wakeup;
-    real->local_cancelled = spy_local_cancelled;
-    real->local_wakeup_ud = p;
+    p->vt = rb_faults_vtable(p->store);
+    rb_faults_set_script(p->store, &(rb_fault_script){.ud = p, .call = spy_call,
+                                                      .answered = spy_answered});
     return p;
 }
 
@@ -476,7 +202,7 @@ int th_setup(void **state)
     if (real) {
         e->spy = spy_new(real);
         if (!e->spy) { real->vt->close(real); return -1; }
-        e->store = &e->spy->base;
+        e->store = e->spy->store;
     } else {
         e->unavailable = 1;
     }
@@ -503,6 +229,7 @@ int th_teardown(void **state)
     if (e->d) rb_dispatcher_free(e->d);
     e->d = NULL;
     if (e->store) e->store->vt->close(e->store);
+    free(e->spy);
     for (int i = 0; i < e->nhandlers; i++) free(e->handlers[i]);
     rb_log_set_sink(NULL, NULL);
     ev_timer_stop(e->loop, &e->tick);

@@ -18,6 +18,7 @@
 #include "dispatch/dispatcher.h"
 #include "stores/store.h"
 #include "alloc_faults.h"      /* util/alloc.h, and the failure to inject */
+#include "store_faults.h"
 #include "util/clock.h"
 
 typedef enum { TH_SQLITE_MEMORY, TH_SQLITE_FILE, TH_POSTGRESQL } th_kind;
@@ -27,15 +28,14 @@ extern th_kind th_sqlite_memory, th_sqlite_file, th_postgresql;
 #define TH_TEST(kind, name, fn) \
     { #kind ": " name, fn, th_setup, th_teardown, &th_##kind }
 
-/* ---- the store double: a real store behind a vtable that counts calls ----------------- */
+/* ---- the store double: a real store behind the fault-injecting wrapper -------------------
+ * (testing/store_faults.h, no drawn faults), whose script (below) counts the calls and refuses,
+ * delays or holds them as the test sets. */
 #define TH_MAX_CALLS 4096
 
-typedef struct th_held th_held;
-typedef struct late_settle late_settle;
-
 typedef struct th_spy {
-    rb_store base;              /* what the dispatcher is given */
-    rb_store_vtable vt;         /* the real store's, with the store operations forwarded */
+    rb_store *store;            /* the wrapper: what the dispatcher is given */
+    rb_store_vtable *vt;        /* its vtable (a test may change its flags) */
     rb_store *real;
     /* settle calls: how many, with how many writes each, and when */
     int settle_calls;
@@ -46,7 +46,7 @@ typedef struct th_spy {
     int refuse_settles;         /* refuse this many settle calls; -1: every one */
     int refuse_batches;         /* refuse every call with more than one write */
     char refuse_id[24];         /* refuse every call with a write of this delivery */
-    double settle_delay;        /* pass the real store's answers on this much later (s) */
+    double settle_delay;        /* pass the settles' answers on this much later (s) */
     int refused;
     int refuse_begins;          /* answer this many begins with an error; -1: every one */
     double begin_delay;         /* pass begins' answers on this much later (s) */
@@ -60,8 +60,6 @@ typedef struct th_spy {
     int hold_claims;            /* keep the answers until th_spy_answer_claims */
     double claim_delay;         /* or answer claims this long after they came (s) ... */
     int delay_claims;           /* ... this many of them (-1: every one) */
-    th_held *held;
-    late_settle *late;
 } th_spy;
 
 /* Answers every held claim the real store has answered; returns how many. */
@@ -86,7 +84,7 @@ typedef struct th_env {
     struct ev_loop *loop;
     ev_timer tick;              /* keeps every loop iteration short */
     th_spy *spy;
-    rb_store *store;            /* == &spy->base */
+    rb_store *store;            /* == spy->store */
     char path[256];             /* the SQLite file (TH_SQLITE_FILE) */
     rb_dispatcher *d;           /* freed by teardown if the test leaves it */
     int stopped, quiet, stop_done;

@@ -279,7 +279,7 @@ static void free_with_an_extend_in_flight(void **state)
 static void a_store_without_named_leases_says_so(void **state)
 {
     th_env *e = th_env_of(state);
-    e->spy->vt.lease = NULL;
+    e->spy->vt->lease = NULL;
     got g;
     assert_null(acquire(e, (keeper){e->store, NULL}, "job", 10, &g));
     assert_string_equal(g.err, "named leases are not supported by this store");
