@@ -128,29 +128,27 @@ static int push_err(lua_State *T, const char *err)
     return 2;
 }
 
-/* The list of ids; with_made, also a list of whether each item's payload is the one that
- * will run (false where a live delivery was kept as it was). */
+/* What an enqueue answers: the id (one) or the list of ids, and with_made (a replace) also
+ * whether each item's payload is the one that will run (false where a live delivery was kept
+ * as it was), as a boolean or a list of them. */
 static void resolve_ids(void *ud, const char *err, char **ids, const unsigned char *kept,
-                        size_t n, int with_made)
+                        size_t n, int one, int with_made)
 {
     rb_await *w = ud;
     lua_State *T = rb_await_target(w);
     int nres = 0;
-    if (T && err) nres = push_err(T, err);
-    else if (T) {
-        lua_createtable(T, (int)n, 0);
-        for (size_t i = 0; i < n; i++) {
-            lua_pushstring(T, ids[i]);
-            lua_rawseti(T, -2, (lua_Integer)i + 1);
-        }
-        nres = 1;
-        if (with_made) {
-            lua_createtable(T, (int)n, 0);
-            for (size_t i = 0; i < n; i++) {
-                lua_pushboolean(T, !(kept && kept[i]));
-                lua_rawseti(T, -2, (lua_Integer)i + 1);
+    if (T && err) {
+        nres = push_err(T, err);
+    } else if (T && one && n < 1) {
+        nres = push_err(T, "enqueue returned no id");
+    } else if (T) {
+        for (int made = 0; made <= with_made; made++, nres++) {
+            if (!one) lua_createtable(T, (int)n, 0);
+            for (size_t i = 0; i < (one ? 1 : n); i++) {
+                if (made) lua_pushboolean(T, !(kept && kept[i]));
+                else lua_pushstring(T, ids[i]);
+                if (!one) lua_rawseti(T, -2, (lua_Integer)i + 1);
             }
-            nres = 2;
         }
     }
     rb_await_resolve(w, nres);
@@ -158,44 +156,24 @@ static void resolve_ids(void *ud, const char *err, char **ids, const unsigned ch
 
 static void on_ids(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
-    resolve_ids(ud, err, ids, kept, n, 0);
+    resolve_ids(ud, err, ids, kept, n, 0, 0);
 }
 
 static void on_ids_made(void *ud, const char *err, char **ids, const unsigned char *kept,
                         size_t n)
 {
-    resolve_ids(ud, err, ids, kept, n, 1);
-}
-
-/* enqueue returns the single id rather than a list; with_made (a replace), also whether its
- * payload is the one that will run */
-static void resolve_one_id(void *ud, const char *err, char **ids, const unsigned char *kept,
-                           size_t n, int with_made)
-{
-    rb_await *w = ud;
-    lua_State *T = rb_await_target(w);
-    int nres = 0;
-    if (T && err) nres = push_err(T, err);
-    else if (T && n >= 1) {
-        lua_pushstring(T, ids[0]);
-        nres = 1;
-        if (with_made) {
-            lua_pushboolean(T, !(kept && kept[0]));
-            nres = 2;
-        }
-    } else if (T) nres = push_err(T, "enqueue returned no id");
-    rb_await_resolve(w, nres);
+    resolve_ids(ud, err, ids, kept, n, 0, 1);
 }
 
 static void on_one_id(void *ud, const char *err, char **ids, const unsigned char *kept, size_t n)
 {
-    resolve_one_id(ud, err, ids, kept, n, 0);
+    resolve_ids(ud, err, ids, kept, n, 1, 0);
 }
 
 static void on_one_id_made(void *ud, const char *err, char **ids, const unsigned char *kept,
                            size_t n)
 {
-    resolve_one_id(ud, err, ids, kept, n, 1);
+    resolve_ids(ud, err, ids, kept, n, 1, 1);
 }
 
 static void on_records_one(void *ud, const char *err, rb_delivery **recs, size_t n)

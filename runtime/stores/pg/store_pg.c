@@ -137,7 +137,6 @@ void pg_op_free(pg_op *op)
     free(op->map);
     free(op->saved_err);
     free(op->ids);
-    free(op->kept);
     free(op);
 }
 
@@ -414,7 +413,8 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n, int
     op->expect = n;
     /* Once the rows are committed the answer must not fail for want of memory: the caller
      * would enqueue them again. */
-    if (ok && (!(op->ids = rb_calloc(n, sizeof *op->ids)) || !(op->kept = rb_calloc(n, 1)))) ok = 0;
+    if (ok && !(op->ids = rb_calloc(1, n * (sizeof *op->ids + 1)))) ok = 0;
+    if (ok) op->kept = (unsigned char *)(op->ids + n);
     return ok;
 }
 

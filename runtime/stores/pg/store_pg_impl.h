@@ -55,7 +55,7 @@ struct pg_op {
     char *saved_err;
     size_t expect;              /* enqueue: ids expected */
     char **ids;                 /* enqueue: room for them, made before the statement is sent */
-    unsigned char *kept;        /* enqueue: the same for the kept flags */
+    unsigned char *kept;        /* enqueue: the kept flags, in the block of ids (after them) */
     /* claim: when it was made, and the listener's epoch then if it was listening (else 0):
      * the answer's next-due row counts only if every NOTIFY since could have been heard */
     double made_at;
