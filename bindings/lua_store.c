@@ -230,7 +230,7 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
     int nres = 0;
     if (T && err) nres = push_err(T, err);
     else if (T) {
-        lua_createtable(T, 0, 7);
+        lua_createtable(T, 0, 8);
         lua_pushinteger(T, st->pending);    lua_setfield(T, -2, "pending");
         lua_pushinteger(T, st->processing); lua_setfield(T, -2, "processing");
         lua_pushinteger(T, st->completed);  lua_setfield(T, -2, "completed");
@@ -238,6 +238,7 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
         lua_pushinteger(T, st->cancelled);  lua_setfield(T, -2, "cancelled");
         lua_pushinteger(T, st->due);        lua_setfield(T, -2, "due");
         lua_pushnumber(T, st->oldest_due_age); lua_setfield(T, -2, "oldest_due_age");
+        lua_pushinteger(T, st->stalled);    lua_setfield(T, -2, "stalled");
         nres = 1;
     }
     rb_await_resolve(w, nres);

@@ -797,7 +797,8 @@ function commands.enqueue(c)
   return EXIT_OK
 end
 
-local STAT_KEYS = { "pending", "processing", "completed", "buried", "cancelled", "due", "oldest_due_age" }
+local STAT_KEYS = { "pending", "processing", "stalled", "completed", "buried", "cancelled", "due",
+                    "oldest_due_age" }
 
 function commands.stats(c)
   local store = open_store(c, false)

@@ -47,6 +47,7 @@ for _, entry in ipairs(S.list()) do
         assert.equal(200, st)
         assert.same({ pending = 2, processing = 0, completed = 2, buried = 1, cancelled = 0 }, j.deliveries)
         assert.equal(1, j.due)
+        assert.equal(0, j.stalled)
         assert.is_true(j.read_only)
         local topics = {}
         for _, t in ipairs(j.topics) do topics[t.topic] = t end
@@ -133,6 +134,7 @@ for _, entry in ipairs(S.list()) do
         assert.equal(6, metric(text, "relaybus_deliveries", '{status="completed"}'))
         assert.equal(3, metric(text, "relaybus_deliveries", '{status="buried"}'))
         assert.equal(0, metric(text, "relaybus_due_deliveries"))
+        assert.equal(0, metric(text, "relaybus_stalled_deliveries"))
         assert.equal(0, metric(text, "relaybus_oldest_due_age_seconds"))
         assert.truthy(metric(text, "relaybus_lease_renewals_total"))
         -- bucket bounds in their shortest exact form: "0.005", not "0.0050000000000000001"

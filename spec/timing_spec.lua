@@ -124,6 +124,28 @@ for _, entry in ipairs(S.list()) do
       assert.equal(0, term(B))
     end)
 
+    it("a delivery whose worker is frozen (SIGSTOP) past its lease counts as stalled in stats, then not once taken over", function()
+      local id = assert(store:enqueue("work", {}))
+      local A = worker { RB_LEASE = "1", RB_STEPS = "100", RB_STEP = "0.1" }
+      assert.truthy(S.wait_for(function() return first(A.log, "X", id) end, 20))
+      local st = assert(store:stats())
+      assert.equal(1, st.processing)
+      assert.equal(0, st.stalled)         -- its lease is live
+      S.signal(A, "STOP")
+      assert.truthy(S.wait_for(function() return assert(store:stats()).stalled == 1 end, 10), "never stalled")
+      st = assert(store:stats())
+      assert.equal(1, st.processing)
+      assert.equal(1, st.due)             -- a claim would take it over
+      local B = worker { RB_LEASE = "5", RB_STEPS = "30", RB_STEP = "0.1" }
+      assert.truthy(S.wait_for(function() return first(B.log, "S", id) end, 20), "B did not take over")
+      st = assert(store:stats())
+      assert.equal(1, st.processing)
+      assert.equal(0, st.stalled)
+      S.signal(A, "KILL")
+      S.wait_exit(A, 5)
+      assert.equal(0, term(B))
+    end)
+
     it("a delivery cancelled while its worker is frozen (SIGSTOP): thawed, its handler sees reason cancelled and nothing it settles is written", function()
       local id = assert(store:enqueue("work", {}))
       local A = worker { RB_LEASE = "3", RB_STEPS = "100", RB_STEP = "0.1" }

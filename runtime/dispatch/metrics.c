@@ -318,6 +318,10 @@ void rb_metrics_write_store(rb_buf *b, const rb_stats *st, const rb_rowset *topi
     rb_buf_printf(b, "# HELP relaybus_due_deliveries Deliveries due now (pending, or with an"
                      " expired lease).\n# TYPE relaybus_due_deliveries gauge\n"
                      "relaybus_due_deliveries %lld\n", (long long)st->due);
+    rb_buf_printf(b, "# HELP relaybus_stalled_deliveries Processing deliveries whose lease is over"
+                     " (their worker died or froze; the next claim takes them over).\n"
+                     "# TYPE relaybus_stalled_deliveries gauge\n"
+                     "relaybus_stalled_deliveries %lld\n", (long long)st->stalled);
     rb_buf_puts(b, "# HELP relaybus_oldest_due_age_seconds How long the oldest due delivery has"
                    " been due.\n# TYPE relaybus_oldest_due_age_seconds gauge\n"
                    "relaybus_oldest_due_age_seconds ");

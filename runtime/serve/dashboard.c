@@ -404,10 +404,11 @@ static void answer_snapshot(req *r)
         respond_json(r, 200, json_pack("{s:b}", "ok", 1));
         return;
     }
-    json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:I,s:f,s:o,s:f,s:b}",
+    json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:f,s:o,s:f,s:b}",
         "deliveries", "pending", (json_int_t)d->st.pending, "processing",
         (json_int_t)d->st.processing, "completed", (json_int_t)d->st.completed, "buried",
-        (json_int_t)d->st.buried, "cancelled", (json_int_t)d->st.cancelled, "due", (json_int_t)d->st.due, "oldest_due_age",
+        (json_int_t)d->st.buried, "cancelled", (json_int_t)d->st.cancelled, "due", (json_int_t)d->st.due,
+        "stalled", (json_int_t)d->st.stalled, "oldest_due_age",
         d->st.oldest_due_age, "topics", topics_json(d->topics), "time", rb_wall_time(),
         "read_only", d->token == NULL);
     if (o) {

@@ -107,6 +107,8 @@ typedef struct rb_list_req {
 typedef struct rb_stats {
     int64_t pending, processing, completed, buried, cancelled, due;
     double oldest_due_age;  /* s; 0 when nothing is due */
+    int64_t stalled;        /* of the processing: those whose lease is over (their worker died
+                             * or froze; the next claim takes them over) */
 } rb_stats;
 
 /* What the store's lease call does with a named lease (see the vtable's lease). */

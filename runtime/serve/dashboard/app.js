@@ -48,6 +48,8 @@
     var d = s.deliveries || {};
     $('n-pending').textContent = fmtInt(d.pending);
     $('n-processing').textContent = fmtInt(d.processing);
+    // leases that are over: the worker is gone; a claim takes them over (not "running")
+    $('n-stalled').textContent = s.stalled > 0 ? '(' + fmtInt(s.stalled) + ' stalled)' : '';
     $('n-completed').textContent = fmtInt(d.completed);
     $('n-buried').textContent = fmtInt(d.buried);
     $('n-cancelled').textContent = fmtInt(d.cancelled);

@@ -236,11 +236,17 @@ static void stats_work(mjob *j, mongoc_client_t *c)
     mg_append_due(&f, now);
     if (stats_by_status(q, cl) == 0) {
         int64_t due = mongoc_collection_count_documents(cl, &f, NULL, NULL, NULL, &e);
-        if (due < 0) mg_fail_bson(j, "stats", &e);
+        bson_t sf = BSON_INITIALIZER;   /* processing, its lease over (or none) */
+        BSON_APPEND_UTF8(&sf, "status", "processing");
+        mg_append_range(&sf, "lease_expires_at", "$lte", now);
+        int64_t stalled = due < 0 ? 0 : mongoc_collection_count_documents(cl, &sf, NULL, NULL, NULL, &e);
+        bson_destroy(&sf);
+        if (due < 0 || stalled < 0) mg_fail_bson(j, "stats", &e);
         else if (stats_oldest(q, cl, "pending", "run_at", now, &oldest) == 0 &&
                  stats_oldest(q, cl, "processing", "lease_expires_at", now, &oldest) == 0) {
             q->st.due = due;
             q->st.oldest_due_age = isfinite(oldest) && due > 0 ? now - oldest : 0;
+            q->st.stalled = stalled;
         }
     }
     bson_destroy(&f);

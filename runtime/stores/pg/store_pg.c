@@ -355,7 +355,7 @@ void pg_count_done(pg_op *op, PGresult *res, const char *err)
 
 static void stats_done(pg_op *op, PGresult *res, const char *err)
 {
-    if (!err && PQntuples(res) != 1) err = "postgresql: stats returned no row";
+    if (!err && (PQntuples(res) != 1 || PQnfields(res) < 8)) err = "postgresql: stats returned no row";
     if (err) { op->cb.stats(op->ud, err, NULL); pg_op_free(op); return; }
     rb_stats st = {
         .pending = strtoll(PQgetvalue(res, 0, 0), NULL, 10),
@@ -365,6 +365,7 @@ static void stats_done(pg_op *op, PGresult *res, const char *err)
         .cancelled = strtoll(PQgetvalue(res, 0, 4), NULL, 10),
         .due = strtoll(PQgetvalue(res, 0, 5), NULL, 10),
         .oldest_due_age = strtod(PQgetvalue(res, 0, 6), NULL),
+        .stalled = strtoll(PQgetvalue(res, 0, 7), NULL, 10),
     };
     op->cb.stats(op->ud, NULL, &st);
     pg_op_free(op);

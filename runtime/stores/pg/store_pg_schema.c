@@ -696,7 +696,9 @@ const char rb_pg_sql_stats[] =
     " count(*) FILTER (WHERE status = 'cancelled'),"
     " count(*) FILTER (WHERE " LIVE " AND " DUE " <= now()),"
     " coalesce(extract(epoch FROM now() - min(" DUE ") FILTER (WHERE " LIVE " AND " DUE " <= now()))"
-    "  ::float8, 0) FROM \"@T\"";
+    "  ::float8, 0),"
+    " count(*) FILTER (WHERE status = 'processing' AND coalesce(lease_expires_at <= now(), true))"
+    " FROM \"@T\"";
 /* A buried row whose topic and key are live again stays buried (the dedupe index forbids two
  * live ones); of several buried twins only the newest comes back. Due now, or, when an
  * operator buried it while it ran, when that run's lease ends: the run never outlives it.

@@ -765,6 +765,7 @@ static job_rc run_stats(rb_sqlite *s, job *j)
         j->st.due = sqlite3_column_int64(st, 5);
         double oldest = sqlite3_column_double(st, 6);
         j->st.oldest_due_age = j->st.due && now > oldest ? now - oldest : 0;
+        j->st.stalled = sqlite3_column_int64(st, 7);
     }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);

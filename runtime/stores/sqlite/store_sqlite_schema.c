@@ -142,7 +142,10 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
         "   AND status = 'buried'),"
         " (SELECT count(*) FROM \"{t}\" WHERE status = 'cancelled'),"
-        " count(*), min(run_at) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        " count(*), min(run_at),"
+        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
+        "   AND status = 'processing' AND " NO_LIVE_LEASE("?2", "?3", "?1") ")"
+        " FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND run_at <= ?1 AND " NO_LIVE_LEASE("?2", "?3", "?1"),
     [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0," KICK_SET
         " WHERE id = ?2 AND (status = 'buried' OR status = 'cancelled')",
