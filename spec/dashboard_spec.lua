@@ -629,10 +629,49 @@ describe("relaybus dashboard", function()
       local body = c:read("a")
       c:close()
       assert.equal('{"ok":true,"count":0}', body)
+      -- each action leaves one audit line with what it changed
+      assert.truthy(S.wait_for(function()
+        return (S.read(p.err) or ""):find("dashboard: kick every buried delivery: 0 changed", 1, true)
+      end, 10), "no audit line: " .. tostring(S.read(p.err)))
       S.signal(p, sig)
       assert.truthy(S.wait_for(function() return S.rc(p) end, 20), "did not stop on SIG" .. sig)
       assert.equal(0, S.rc(p))
     end
+  end)
+
+  it("logs one audit line per action, with what it changed and the filter it took", function()
+    local url = "sqlite:" .. S.tmpfile("cli") .. ".db"
+    local store = relaybus.open(url, { migrate = true })
+    local ids = D.fill(store)       -- 2 completed "ok", 1 buried "bad", 1 pending "later"
+    store:close()
+    local p = S.spawn(nil, nil, { argv = { S.bin, "dashboard", "--listen", "127.0.0.1:0", url },
+                                  env = { RELAYBUS_DASHBOARD_TOKEN = D.TOKEN } })
+    assert.truthy(S.wait_for(function() return (S.read(p.out) or ""):match("http://%S+") end, 20))
+    local base = S.read(p.out):match("(http://%S+)/")
+    local function post(path, method)
+      local c = io.popen(S.foreign("curl -m 30 -s -X " .. (method or "POST") .. " -H 'Authorization: Bearer "
+        .. D.TOKEN .. "' '" .. base .. path .. "'"))
+      local body = c:read("a")
+      c:close()
+      return body
+    end
+    assert.equal('{"ok":true,"count":0}', post("/api/deliveries/kick?status=buried&topic=ok"))
+    assert.equal('{"ok":true,"count":1}', post("/api/deliveries/kick?status=buried&topic=bad"))
+    post("/api/deliveries/" .. ids.completed[1] .. "/cancel")     -- completed: nothing to cancel
+    post("/api/deliveries/" .. ids.pending[1] .. "/cancel")
+    post("/api/deliveries/" .. ids.completed[2], "DELETE")
+    local want = { "dashboard: kick every buried delivery of topic ok: 0 changed",
+                   "dashboard: kick every buried delivery of topic bad: 1 changed",
+                   "dashboard: cancel delivery " .. ids.completed[1] .. ": 0 changed",
+                   "dashboard: cancel delivery " .. ids.pending[1] .. ": 1 changed",
+                   "dashboard: delete delivery " .. ids.completed[2] .. ": 1 changed" }
+    assert.truthy(S.wait_for(function()
+      local err = S.read(p.err) or ""
+      for _, line in ipairs(want) do if not err:find(line, 1, true) then return false end end
+      return true
+    end, 10), "audit lines: " .. tostring(S.read(p.err)))
+    S.signal(p, "TERM")
+    assert.truthy(S.wait_for(function() return S.rc(p) end, 20))
   end)
 
   it("stats --topics counts per topic", function()

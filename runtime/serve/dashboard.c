@@ -117,6 +117,7 @@ struct req {
     const char *allow;          /* 405: the Allow header */
     int auth_challenge;         /* 401: WWW-Authenticate */
     size_t limit;               /* list: the page size asked for */
+    char audit[200];            /* an action: what it does, for its audit line with the outcome */
 };
 
 /* ---- connections and their deadlines ---------------------------------------------------- */
@@ -560,8 +561,12 @@ static void on_get(void *ud, const char *err, rb_delivery **recs, size_t n)
     req_done(r);
 }
 
+/* An action's answer. Its audit line says what it changed, whether the caller still waits
+ * for the answer or not. */
 static void on_count(req *r, const char *err, int64_t count, const char *none)
 {
+    if (err) rb_log(RB_LOG_WARN, "dashboard: %s: failed: %s", r->audit, err);
+    else rb_log(RB_LOG_INFO, "dashboard: %s: %lld changed", r->audit, (long long)count);
     if (!op_back(r)) return;
     r->d->snap_at = 0;      /* the counts changed: the next stats are fresh */
     r->d->topics_at = 0;
@@ -679,8 +684,8 @@ static void route(req *r, const char *method, const char *url)
         }
         const char *topic = arg(r, "topic");
         if (!op_start(r)) return;
-        rb_log(RB_LOG_INFO, "dashboard: kick every buried delivery%s%s", topic ? " of topic " : "",
-               topic ? topic : "");
+        snprintf(r->audit, sizeof r->audit, "kick every buried delivery%s%.120s",
+                 topic ? " of topic " : "", topic ? topic : "");
         d->store->vt->kick(d->store, RB_KICK_BURIED, NULL, topic, on_kick_all, r);
         return;
     }
@@ -703,7 +708,7 @@ static void route(req *r, const char *method, const char *url)
             if (!allowed(r)) return;
             if (!d->store->vt->remove) { not_supported(r); return; }
             if (!op_start(r)) return;
-            rb_log(RB_LOG_INFO, "dashboard: delete delivery %s", id);
+            snprintf(r->audit, sizeof r->audit, "delete delivery %s", id);
             d->store->vt->remove(d->store, id, on_remove, r);
         } else {
             r->allow = "GET, HEAD, DELETE";
@@ -721,7 +726,7 @@ static void route(req *r, const char *method, const char *url)
         return;
     }
     if (!op_start(r)) return;
-    rb_log(RB_LOG_INFO, "dashboard: %s delivery %s", action, id);
+    snprintf(r->audit, sizeof r->audit, "%s delivery %s", action, id);
     if (kick) d->store->vt->kick(d->store, RB_KICK_ONE, id, NULL, on_kick_one, r);
     else if (bury) d->store->vt->bury(d->store, id, BURY_REASON, on_bury, r);
     else d->store->vt->cancel(d->store, id, CANCEL_REASON, on_bury, r);
