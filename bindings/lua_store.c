@@ -632,7 +632,75 @@ static int pause_or_resume(lua_State *L, int paused)
 static int l_store_pause(lua_State *L) { return pause_or_resume(L, 1); }
 static int l_store_resume(lua_State *L) { return pause_or_resume(L, 0); }
 
-static void on_paused(void *ud, const char *err, rb_rowset *rs)
+/* store:limit(topic, {rate = N, per = S, concurrency = M}) sets a topic's limits,
+ * store:limit(topic, nil) clears them: true, or nil, err. */
+static const char *const limit_opts[] = {"rate", "per", "concurrency", NULL};
+
+/* true, or nil, err (a count that does not matter) */
+static void on_done_true(void *ud, const char *err, int64_t count)
+{
+    (void)count;
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_pushboolean(T, 1);
+        nres = 1;
+    }
+    rb_await_resolve(w, nres);
+}
+
+/* An integer option of limit, 0 when absent. */
+static int64_t limit_count(lua_State *L, int idx, const char *name)
+{
+    int type = lua_getfield(L, idx, name);
+    double v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (type == LUA_TNIL) return 0;
+    if (type != LUA_TNUMBER || !(v >= 1) || v != floor(v) || v > RB_LIMIT_MAX)
+        rb_misuse(L, "limit: %s must be a whole number from 1 to %d", name, RB_LIMIT_MAX);
+    return (int64_t)v;
+}
+
+static int l_store_limit(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    const char *topic = rb_check_topic(L, 2, "limit");
+    rb_limit lim = {0};
+    int clear = lua_isnoneornil(L, 3);
+    if (!clear) {
+        if (!lua_istable(L, 3))
+            rb_misuse(L, "limit: the limits must be a table {rate =, per =, concurrency =} (nil clears them)");
+        rb_check_options(L, 3, "limit", limit_opts);
+        lim.rate = limit_count(L, 3, "rate");
+        lim.concurrency = limit_count(L, 3, "concurrency");
+        int per_type = lua_getfield(L, 3, "per");
+        lim.per = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        if (per_type != LUA_TNIL && per_type != LUA_TNUMBER)
+            rb_misuse(L, "limit: per must be a number of seconds");
+        if (lim.rate && !(lim.per > 0 && rb_valid_seconds(lim.per)))
+            rb_misuse(L, "limit: per must be a number of seconds above 0 and at most 100 years");
+        if (!lim.rate && per_type != LUA_TNIL) rb_misuse(L, "limit: per goes with rate");
+        if (!lim.rate && !lim.concurrency)
+            rb_misuse(L, "limit: give rate and per, or concurrency, or both (nil clears the limits)");
+    }
+    if (!s->vt->limit) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: limits are not supported on this store yet", s->vt->name);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->limit(s, topic, clear ? NULL : &lim, on_done_true, w);
+    return rb_await_finish(L, w);
+}
+
+/* A list of rows of the store's topic tables (text topic first): push_row pushes one value
+ * for a row; rows of fewer than min_cols columns, or without a text topic, are left out. */
+static void resolve_topic_rows(void *ud, const char *err, rb_rowset *rs, int min_cols,
+                               void (*push_row)(lua_State *T, const rb_value *v))
 {
     rb_await *w = ud;
     lua_State *T = rb_await_target(w);
@@ -640,16 +708,55 @@ static void on_paused(void *ud, const char *err, rb_rowset *rs)
     if (T && err) nres = push_err(T, err);
     else if (T) {
         lua_createtable(T, rs ? (int)rs->nrows : 0, 0);
-        for (size_t i = 0, k = 0; rs && rs->ncols >= 1 && i < rs->nrows; i++) {
+        for (size_t i = 0, k = 0; rs && rs->ncols >= min_cols && i < rs->nrows; i++) {
             const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
             if (v[0].type != RB_VTEXT) continue;
-            lua_pushlstring(T, v[0].s, v[0].len);
+            push_row(T, v);
             lua_rawseti(T, -2, (lua_Integer)++k);
         }
         nres = 1;
     }
     rb_rowset_free(rs);
     rb_await_resolve(w, nres);
+}
+
+/* store:limits(): {{topic =, rate =, per =, concurrency =}, ...} (absent: off) */
+static void push_limit(lua_State *T, const rb_value *v)
+{
+    static const char *const names[] = {NULL, "rate", "per", "concurrency"};
+    lua_createtable(T, 0, 4);
+    lua_pushlstring(T, v[0].s, v[0].len);
+    lua_setfield(T, -2, "topic");
+    for (int c = 1; c < 4; c++) {
+        if (v[c].type == RB_VINT) lua_pushinteger(T, v[c].i);
+        else if (v[c].type == RB_VFLOAT && c != 2) lua_pushinteger(T, (lua_Integer)v[c].f);
+        else if (v[c].type == RB_VFLOAT) lua_pushnumber(T, v[c].f);
+        else continue;
+        lua_setfield(T, -2, names[c]);
+    }
+}
+
+static void on_limits(void *ud, const char *err, rb_rowset *rs)
+{
+    resolve_topic_rows(ud, err, rs, 4, push_limit);
+}
+
+static int l_store_limits(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    if (!s->vt->limits) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: limits are not supported on this store yet", s->vt->name);
+        return 2;
+    }
+    return await_rows(L, s, s->vt->limits, on_limits, "limits are not supported here");
+}
+
+static void push_topic(lua_State *T, const rb_value *v) { lua_pushlstring(T, v[0].s, v[0].len); }
+
+static void on_paused(void *ud, const char *err, rb_rowset *rs)
+{
+    resolve_topic_rows(ud, err, rs, 1, push_topic);
 }
 
 /* store:paused(): the paused topics' names, sorted. */
@@ -1057,6 +1164,8 @@ static const luaL_Reg store_methods[] = {
     {"cancel", l_store_cancel},
     {"resume", l_store_resume},
     {"paused", l_store_paused},
+    {"limit", l_store_limit},
+    {"limits", l_store_limits},
     {"try_acquire", rb_lua_try_acquire},
     {"close", l_store_close},
     {"kind", l_store_name},

@@ -19,7 +19,8 @@ local DEFAULT_STORE = "sqlite:relaybus.db"
 local EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 local MAX_COUNT = 2147483647            -- the stores keep limits in 32 bits
 local MAX_COUNTS = { ["max-attempts"] = 1000000000,   -- what store:enqueue accepts
-                     limit = 1000000 }                -- and store:list
+                     limit = 1000000,                 -- and store:list
+                     rate = 1000000000, concurrency = 1000000000 }   -- and store:limit
 local MAX_SECONDS = 100 * 365.25 * 86400  -- RB_MAX_SECONDS, the longest delay or age accepted
 local SHOWN_MAX = 200                   -- characters of one argument quoted in a message
 
@@ -242,6 +243,9 @@ Commands:
   pause TOPIC            no process starts a delivery of TOPIC until resumed
   resume TOPIC           let TOPIC's deliveries start again
   paused                 list the paused topics
+  limit TOPIC [--rate N --per S] [--concurrency M] | --clear
+                         limit how often and how many of TOPIC start, across processes
+  limits                 list the limited topics
   migrate                create or upgrade the schema
   dashboard [STORE-URL]  serve the web dashboard, /metrics and the JSON API
   help [COMMAND]         this help, or a command's
@@ -250,7 +254,8 @@ Every command takes:
 ]] .. STORE_HELP .. [[
 
 
-stats, list, show, kick, cancel, purge, pause, resume and paused never create a schema: on a store
+stats, list, show, kick, cancel, purge, pause, resume, paused, limit and limits never create a
+schema: on a store
 without one they fail (run `relaybus migrate` first); enqueue and migrate create it. An
 option may be given once.
 
@@ -389,6 +394,32 @@ not paused.
 Options:
 ]] .. STORE_HELP
 
+HELP.limit = [[
+Usage: relaybus limit TOPIC [--rate N --per S] [--concurrency M]
+       relaybus limit TOPIC --clear
+
+Limits TOPIC for every process on the store, durably: in any window of S seconds at most N
+of its deliveries start (a sliding window), and at most M run at once. A delivery held back
+waits pending: no attempt is counted. The limits given replace the topic's; --clear removes
+them. Not on MongoDB yet.
+
+Options:
+  --rate N          at most N starts per --per S seconds (1 to 1,000,000,000)
+  --per S           the window of --rate, in seconds (above 0)
+  --concurrency M   at most M running at once (1 to 1,000,000,000)
+  --clear           remove the topic's limits
+]] .. STORE_HELP
+
+HELP.limits = [[
+Usage: relaybus limits [--json]
+
+Lists the limited topics and their limits (with --json, a JSON array of {topic, rate, per,
+concurrency}).
+
+Options:
+  --json            print a JSON array
+]] .. STORE_HELP
+
 HELP.paused = [[
 Usage: relaybus paused [--json]
 
@@ -428,6 +459,8 @@ local SPECS = {
   pause = { options = {} },
   resume = { options = {} },
   paused = { options = { json = "flag" } },
+  limit = { options = { rate = "count", per = "seconds", concurrency = "count", clear = "flag" } },
+  limits = { options = { json = "flag" } },
   migrate = { options = {} },
   dashboard = { options = { listen = "string", token = "string" } },
 }
@@ -604,6 +637,18 @@ end
 function CHECKS.pause(c, pos) one_arg("pause", c, pos, "topic", "TOPIC") end
 function CHECKS.resume(c, pos) one_arg("resume", c, pos, "topic", "TOPIC") end
 function CHECKS.paused(c, pos) max_args("paused", pos, 0) end
+function CHECKS.limit(c, pos)
+  one_arg("limit", c, pos, "topic", "TOPIC")
+  local o = c.opts
+  local set = o.rate or o.per or o.concurrency
+  if o.clear and set then usage("limit: --clear takes no other limit") end
+  if not o.clear and not set then
+    usage("limit: say the limits (--rate N --per S, --concurrency M) or --clear (see relaybus limit --help)")
+  end
+  if (o.rate == nil) ~= (o.per == nil) then usage("limit: --rate and --per go together") end
+  if o.per == 0 then usage("limit: --per must be above 0") end
+end
+function CHECKS.limits(c, pos) max_args("limits", pos, 0) end
 
 function CHECKS.migrate(c, pos) max_args("migrate", pos, 0) end
 
@@ -981,6 +1026,34 @@ function commands.paused(c)
   else
     for _, t in ipairs(topics) do io.stdout:write(show(t, 200), "\n") end
     if #topics == 0 then io.stderr:write("(no paused topics)\n") end
+  end
+  store:close()
+  return EXIT_OK
+end
+
+function commands.limit(c)
+  local store = open_store(c, false)
+  local lim = not c.opts.clear and { rate = c.opts.rate, per = c.opts.per,
+                                      concurrency = c.opts.concurrency } or nil
+  call(c, store, "limit", c.topic, lim)
+  io.stdout:write(lim and "limited " or "no limits: ", show(c.topic, 80), "\n")
+  store:close()
+  return EXIT_OK
+end
+
+function commands.limits(c)
+  local store = open_store(c, false)
+  local rows = call(c, store, "limits")
+  if c.opts.json then
+    io.stdout:write(json_array(rows), "\n")
+  else
+    local out = {}
+    for _, l in ipairs(rows) do
+      out[#out + 1] = { show(l.topic, 40), l.rate and (fmt_int(l.rate) .. " per " .. fmt_duration(l.per)) or "-",
+                        l.concurrency and fmt_int(l.concurrency) or "-" }
+    end
+    print_table({ "TOPIC", "RATE", "CONCURRENCY" }, out, { "l", "r", "r" })
+    if #out == 0 then io.stderr:write("(no limited topics)\n") end
   end
   store:close()
   return EXIT_OK

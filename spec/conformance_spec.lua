@@ -1522,6 +1522,100 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("limits per topic", function()
+      if entry.kind == "mongodb" then
+        it("limit and limits answer in one line that they are not supported (MongoDB, for now)", function()
+          for _, r in ipairs { table.pack(store:limit("lm.m", { concurrency = 1 })), table.pack(store:limits()) } do
+            assert.is_nil(r[1])
+            H.one_line(r[2])
+            assert.truthy(r[2]:find("limits are not supported", 1, true), r[2])
+          end
+        end)
+        return
+      end
+
+      it("set, listed, replaced and cleared; misuse names what is wrong", function()
+        assert.is_true(assert(store:limit("lm.b", { concurrency = 3 })))
+        assert.is_true(assert(store:limit("lm.a", { rate = 10, per = 1.5 })))
+        assert.same({ { topic = "lm.a", rate = 10, per = 1.5 }, { topic = "lm.b", concurrency = 3 } }, assert(store:limits()))
+        assert.is_true(assert(store:limit("lm.a", { concurrency = 1 })))     -- replaces the rate
+        assert.same({ topic = "lm.a", concurrency = 1 }, assert(store:limits())[1])
+        assert.is_true(assert(store:limit("lm.a", nil)))
+        assert.is_true(assert(store:limit("lm.never", nil)))                 -- nothing to clear
+        assert.same({ { topic = "lm.b", concurrency = 3 } }, assert(store:limits()))
+        -- a pause and a limit of one topic live side by side
+        assert.is_true(store:pause("lm.b"))
+        assert.same({ "lm.b" }, store:paused())
+        assert.is_true(store:resume("lm.b"))
+        assert.same({ { topic = "lm.b", concurrency = 3 } }, assert(store:limits()))
+        for _, bad in ipairs { {}, { rate = 1 }, { per = 1 }, { rate = 0, per = 1 }, { rate = 1.5, per = 1 },
+                               { rate = 1, per = 0 }, { rate = 1, per = -1 }, { rate = 1, per = 0 / 0 },
+                               { rate = 1, per = math.huge }, { concurrency = 0 }, { concurrency = 2 ^ 40 },
+                               { concurrency = "2" }, { nope = 1 }, "x" } do
+          local ok, err = pcall(store.limit, store, "lm.c", bad)
+          assert.is_false(ok, "accepted " .. tostring(bad))
+          H.one_line(tostring(err))
+          assert.truthy(tostring(err):find("limit", 1, true), tostring(err))
+        end
+        for _, t in ipairs { "", "a\0b", 42 } do
+          assert.is_false((pcall(store.limit, store, t, { concurrency = 1 })))
+        end
+        assert.same({ { topic = "lm.b", concurrency = 3 } }, assert(store:limits()))
+      end)
+
+      it("concurrency: two dispatchers never run more than M of the topic at once; the held back count no attempt; others run beside", function()
+        assert(store:limit("lm.conc", { concurrency = 2 }))
+        for i = 1, 12 do assert(store:enqueue("lm.conc", { i = i })) end
+        for i = 1, 6 do assert(store:enqueue("lm.free", { i = i })) end
+        local running, most, done, free_most, free_running = 0, 0, 0, 0, 0
+        local ds = {}
+        for k = 1, 2 do
+          local d = H.dispatcher(store, { concurrency = 8, poll_interval = 0.02 })
+          d:handle("lm.conc", function(_, ctx)
+            running = running + 1
+            most = math.max(most, running)
+            ctx:sleep(0.05)
+            running = running - 1
+            done = done + 1
+            if done == 12 then for _, x in ipairs(ds) do relaybus.spawn(function() x:stop() end) end end
+          end)
+          d:handle("lm.free", function(_, ctx)
+            free_running = free_running + 1
+            free_most = math.max(free_most, free_running)
+            ctx:sleep(0.05)
+            free_running = free_running - 1
+          end)
+          ds[k] = d
+        end
+        assert.is_true((H.run(ds, 20)))
+        assert.equal(12, done)
+        assert.equal(2, most)
+        assert.is_true(free_most > 2, "the unlimited topic was held back too")
+        for _, r in ipairs(assert(store:list { topic = "lm.conc" })) do
+          assert.equal("completed", r.status)
+          assert.equal(1, r.attempts)
+        end
+      end)
+
+      it("rate: in any window of S seconds at most N start (a sliding window); then the rest", function()
+        assert(store:limit("lm.rate", { rate = 3, per = 0.4 }))
+        for i = 1, 9 do assert(store:enqueue("lm.rate", { i = i })) end
+        local starts = {}
+        drive(store, "lm.rate", function(_, _, stop)
+          starts[#starts + 1] = relaybus.now()
+          if #starts == 9 then stop() end
+        end, { concurrency = 8, poll_interval = 0.02 })
+        assert.equal(9, #starts)
+        table.sort(starts)
+        for i = 4, #starts do
+          -- the 4th start after any start comes at least a window later (timer slack: 5 ms)
+          assert.is_true(starts[i] - starts[i - 3] >= 0.4 - 0.005,
+            string.format("starts %d and %d only %.3f s apart", i - 3, i, starts[i] - starts[i - 3]))
+        end
+        assert.is_true(starts[9] - starts[1] < 3, "the rate held back too long")
+      end)
+    end)
+
     describe("cancel", function()
       -- cancel answers true or false, or nil and an error
       local function answer(v, err) assert.is_nil(err) return v end

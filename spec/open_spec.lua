@@ -105,6 +105,10 @@ local CHECK_OF_FOUR = "CHECK (status IN ('pending', 'processing', 'completed', '
 local function back_to_version_10(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, ", c_group text)", ")")
+  def = replace(def, " limited text[]; lt text; lim record; allow bigint; want bigint; took bigint;\n", "")
+  def = cut(def, "  IF p_limit > 0 THEN\n    limited := ARRAY(", "    END IF;\n  END IF;\n")
+  def = cut(def, "  want := p_limit;\n", "  p_limit := want;\n")
+  assert.is_nil(def:find("limited", 1, true), def)
   def = cut(def, "  AND (x.group_name IS NULL OR", "   IS NULL))")
   def = replace(def, "    PERFORM set_config('relaybus.group_release', 'batch', true);\n", "")
   def = cut(def, "    PERFORM set_config('relaybus.group_release', '', true);", "AND held_run_at IS NOT NULL;\n")
@@ -124,6 +128,8 @@ local function back_to_version_10(store, t)
     'DROP TRIGGER "' .. t .. '_group_next" ON "' .. t .. '"', 'DROP TRIGGER "' .. t .. '_group_gone" ON "' .. t .. '"',
     'DROP FUNCTION "' .. t .. '_group_next"()',
     'DROP INDEX "' .. t .. '_group"', 'DROP INDEX "' .. t .. '_group_running"',
+    'DROP INDEX "' .. t .. '_running"', 'DROP TABLE "' .. t .. '_starts"',
+    'ALTER TABLE "' .. t .. '_topics" DROP COLUMN rate_max, DROP COLUMN rate_per, DROP COLUMN running_max',
     'ALTER TABLE "' .. t .. '" DROP COLUMN group_name, DROP COLUMN held_run_at',
     "UPDATE relaybus_schema SET version = 10 WHERE table_name = '" .. t .. "'")
 end
@@ -499,6 +505,10 @@ describe("opening a store", function()
           local path = S.tmpfile("v3") .. ".db"
           local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
           sqlite_cli(path, "DROP INDEX relaybus_deliveries_group; DROP INDEX relaybus_deliveries_group_running;"
+            .. " DROP INDEX relaybus_deliveries_running; DROP TABLE relaybus_deliveries_starts;"
+            .. " ALTER TABLE relaybus_deliveries_topics DROP COLUMN rate_max;"
+            .. " ALTER TABLE relaybus_deliveries_topics DROP COLUMN rate_per;"
+            .. " ALTER TABLE relaybus_deliveries_topics DROP COLUMN running_max;"
             .. " ALTER TABLE relaybus_deliveries DROP COLUMN group_name;"
             .. " DROP INDEX relaybus_deliveries_cancelled; ALTER TABLE relaybus_deliveries DROP COLUMN progress;"
             .. " ALTER TABLE relaybus_deliveries DROP COLUMN errors; UPDATE relaybus_schema SET version = 3")

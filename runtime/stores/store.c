@@ -195,6 +195,14 @@ int rb_decimal_id(const char *id)
     return n <= 18;
 }
 
+int rb_limit_valid(const rb_limit *lim)
+{
+    if (!lim || (lim->rate <= 0 && lim->concurrency <= 0)) return 0;
+    if (lim->rate < 0 || lim->rate > RB_LIMIT_MAX) return 0;
+    if (lim->rate > 0 && !(lim->per > 0 && lim->per <= RB_MAX_SECONDS)) return 0;
+    return lim->concurrency >= 0 && lim->concurrency <= RB_LIMIT_MAX;
+}
+
 int rb_group_valid(const char *group, size_t len)
 {
     return group && len >= 1 && len <= RB_GROUP_MAX && strlen(group) == len &&

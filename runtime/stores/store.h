@@ -61,6 +61,19 @@ typedef struct rb_enqueue_item {
     int max_attempts;       /* >= 1 */
 } rb_enqueue_item;
 
+/* A topic's limits, across every process: a claim starts a delivery of it only while fewer than
+ * `concurrency` of it run under live leases, and while fewer than `rate` of it started in the
+ * last `per` seconds (a sliding window). 0 in concurrency or rate: that limit is off. A limited
+ * delivery waits pending: no attempt is counted. */
+typedef struct rb_limit {
+    int64_t rate;           /* starts per window, 1 .. RB_LIMIT_MAX, or 0 */
+    double per;             /* the window, s: > 0 and at most RB_MAX_SECONDS (with rate) */
+    int64_t concurrency;    /* at most this many running, 1 .. RB_LIMIT_MAX, or 0 */
+} rb_limit;
+#define RB_LIMIT_MAX 1000000000
+/* Whether lim holds limits a store takes: at least one on, each in its range. */
+int rb_limit_valid(const rb_limit *lim);
+
 typedef struct rb_claim_req {
     const char *const *topics;  /* only these topics are claimed */
     size_t ntopics;
@@ -335,6 +348,12 @@ typedef struct rb_store_vtable {
     /* Optional with pause: the paused topics, columns topic (text) and paused_at (float,
      * epoch s), by topic, at most RB_TOPIC_STATS_MAX rows. */
     void (*paused)(rb_store *s, rb_rows_cb cb, void *ud);
+    /* Optional: sets (lim non-NULL) or clears (NULL) the limits of a topic, durably, for every
+     * process on the store (rb_limit). count: 1. */
+    void (*limit)(rb_store *s, const char *topic, const rb_limit *lim, rb_count_cb cb, void *ud);
+    /* Optional with limit: the limited topics, columns topic (text), rate (int or NULL), per
+     * (float s or NULL), concurrency (int or NULL), by topic, at most RB_TOPIC_STATS_MAX rows. */
+    void (*limits)(rb_store *s, rb_rows_cb cb, void *ud);
 } rb_store_vtable;
 
 /* The common head of every store; each store file embeds it first in its own struct. */

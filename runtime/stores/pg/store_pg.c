@@ -788,6 +788,9 @@ static void store_free(pg_store *s)
     free(s->sql_pause);
     free(s->sql_resume);
     free(s->sql_paused);
+    free(s->sql_limit_set);
+    free(s->sql_limit_clear);
+    free(s->sql_limits);
     free(s->sql_stats);
     free(s->sql_kick);
     free(s->sql_purge);
@@ -845,7 +848,8 @@ static int build_sql(pg_store *s, const char *schema)
            (s->sql_topic_stats = Q(rb_pg_sql_topic_stats)) &&
            (s->sql_pending_topics = Q(rb_pg_sql_pending_topics)) &&
            (s->sql_pause = Q(rb_pg_sql_pause)) && (s->sql_resume = Q(rb_pg_sql_resume)) &&
-           (s->sql_paused = Q(rb_pg_sql_paused));
+           (s->sql_paused = Q(rb_pg_sql_paused)) && (s->sql_limit_set = Q(rb_pg_sql_limit_set)) &&
+           (s->sql_limit_clear = Q(rb_pg_sql_limit_clear)) && (s->sql_limits = Q(rb_pg_sql_limits));
 #undef Q
 }
 
@@ -970,6 +974,31 @@ static void pg_paused(rb_store *bs, rb_rows_cb cb, void *ud)
     topic_rows((pg_store *)bs, ((pg_store *)bs)->sql_paused, cb, ud);
 }
 
+static void pg_limit(rb_store *bs, const char *topic, const rb_limit *lim, rb_count_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    if (lim && !rb_limit_valid(lim)) { cb(ud, "postgresql: limit: bad limits", 0); return; }
+    pg_op *op = op_adhoc(s, lim ? s->sql_limit_set : s->sql_limit_clear, lim ? 5 : 2,
+                         pg_count_done, ud);
+    int ok = op && pg_op_param(op, 0, topic ? topic : "") &&
+             pg_op_param(op, lim ? 4 : 1, s->base.table);
+    if (ok && lim && lim->rate > 0)
+        ok = op_param_num(op, 1, (double)lim->rate, 1) && op_param_num(op, 2, lim->per, 0);
+    if (ok && lim && lim->concurrency > 0) ok = op_param_num(op, 3, (double)lim->concurrency, 1);
+    if (!ok) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
+static void pg_limits(rb_store *bs, rb_rows_cb cb, void *ud)
+{
+    topic_rows((pg_store *)bs, ((pg_store *)bs)->sql_limits, cb, ud);
+}
+
 static const rb_store_vtable pg_vtable = {
     .name = "postgresql",
     .claim_parallelism = 2,
@@ -1000,6 +1029,8 @@ static const rb_store_vtable pg_vtable = {
     .close = pg_close,
     .pause = pg_pause,
     .paused = pg_paused,
+    .limit = pg_limit,
+    .limits = pg_limits,
 };
 
 /* Our defaults come before the URL, whose own settings win (libpq keeps the last value).

@@ -67,6 +67,28 @@
 #define TEXT_OF_(x) #x
 #define TEXT_OF(x) TEXT_OF_(x)
 
+/* The claim's query: at most p_limit due deliveries of p_topics, claimed (or buried when out of
+ * attempts) and returned (CLAIM_FUNCTION; schema 11 runs it again per limited topic). */
+#define CLAIM_QUERY(G) \
+    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\" AS x" \
+    "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" G##_FREE \
+    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
+    " u AS (UPDATE \"@T\" AS d SET" \
+    "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END," \
+    "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END," \
+    "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END," \
+    "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL ELSE p_token END," \
+    "  lease_expires_at = CASE WHEN d.attempts >= d.max_attempts THEN NULL" \
+    "   ELSE now() + p_lease * interval '1 second' END," \
+    "  last_error = CASE WHEN d.attempts >= d.max_attempts" \
+    "   THEN coalesce(d.last_error, 'max attempts exceeded') ELSE d.last_error END," \
+    "  settled_at = CASE WHEN d.attempts >= d.max_attempts THEN now() END" \
+    /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be \
+     * planned as a hash join over a scan of the whole table */ \
+    "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)" \
+    " SELECT " COLS ", NULL::integer" G##_VALUE " FROM u WHERE status = 'processing'" \
+    " ORDER BY run_at, id;\n"
+
 /* The claim function's rows (see migration 7); from 11 on with the group after c_settled. */
 #define CLAIM_RETURNS(EXTRA) "RETURNS TABLE (c_id text, c_topic text, c_payload text," \
     " c_key text, c_last_error text, c_lease_token text, c_status text, c_attempts integer," \
@@ -120,25 +142,9 @@
     G##_SETTLE_END \
     "  END IF;\n" \
     "  IF p_limit > 0 THEN\n" \
-    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\" AS x" \
-    "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" G##_FREE \
-    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
-    " u AS (UPDATE \"@T\" AS d SET" \
-    "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END," \
-    "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END," \
-    "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END," \
-    "  lease_token = CASE WHEN d.attempts >= d.max_attempts THEN NULL ELSE p_token END," \
-    "  lease_expires_at = CASE WHEN d.attempts >= d.max_attempts THEN NULL" \
-    "   ELSE now() + p_lease * interval '1 second' END," \
-    "  last_error = CASE WHEN d.attempts >= d.max_attempts" \
-    "   THEN coalesce(d.last_error, 'max attempts exceeded') ELSE d.last_error END," \
-    "  settled_at = CASE WHEN d.attempts >= d.max_attempts THEN now() END" \
-    /* = ANY(ARRAY(...)) keeps the update on the primary key: a join with c may be \
-     * planned as a hash join over a scan of the whole table */ \
-    "  WHERE d.id = ANY(ARRAY(SELECT id FROM c)) RETURNING d.*)" \
-    " SELECT " COLS ", NULL::integer" G##_VALUE " FROM u WHERE status = 'processing'" \
-    " ORDER BY run_at, id;\n" \
+    CLAIM_QUERY(G) \
     "  GET DIAGNOSTICS claimed = ROW_COUNT;\n" \
+    G##_LIMITS \
     "  IF p_next AND claimed < p_limit THEN\n" \
     "    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text," \
     "     NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint," \
@@ -191,6 +197,53 @@
     " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
     " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
     " AS q)) AND held_run_at IS NOT NULL;\n"
+#define UNGROUPED_LIMITS ""
+/* Limits per topic (schema 11; LIMITS_DECL, LIMITS_START): the limited topics among those asked
+ * for are left out of the claim's first query; then each, in topic order, under its advisory
+ * lock (so two claims of one topic count one after the other: the second sees the first's
+ * rows running once it got the lock), gets what it may start: its concurrency less those of it
+ * running under live leases, its rate less its starts in the window (older ones go), and the
+ * claim's query again for it alone, its starts recorded. */
+#define GROUPED_LIMITS \
+    "  want := p_limit;\n" \
+    "  FOREACH lt IN ARRAY limited LOOP\n" \
+    "    EXIT WHEN claimed >= want;\n" \
+    "    PERFORM pg_advisory_xact_lock(" LIMIT_KEY("lt") ");\n" \
+    "    SELECT t.rate_max, t.rate_per, t.running_max INTO lim FROM \"@T_topics\" AS t" \
+    " WHERE t.topic = lt;\n" \
+    "    allow := want - claimed;\n" \
+    "    IF lim.running_max IS NOT NULL THEN\n" \
+    "      allow := least(allow, lim.running_max - (SELECT count(*) FROM \"@T\" AS r" \
+    " WHERE r.topic = lt AND r.status = 'processing' AND r.lease_expires_at > now()));\n" \
+    "    END IF;\n" \
+    "    IF lim.rate_max IS NOT NULL THEN\n" \
+    "      DELETE FROM \"@T_starts\" AS o WHERE o.topic = lt" \
+    " AND o.at <= now() - lim.rate_per * interval '1 second';\n" \
+    "      allow := least(allow, lim.rate_max - (SELECT count(*) FROM \"@T_starts\" AS o" \
+    " WHERE o.topic = lt));\n" \
+    "    END IF;\n" \
+    "    CONTINUE WHEN allow IS NULL OR allow <= 0;\n" \
+    "    p_topics := ARRAY[lt];\n" \
+    "    p_limit := allow;\n" \
+    CLAIM_QUERY(GROUPED) \
+    "    GET DIAGNOSTICS took = ROW_COUNT;\n" \
+    "    claimed := claimed + took;\n" \
+    "    IF lim.rate_max IS NOT NULL AND took > 0 THEN\n" \
+    "      INSERT INTO \"@T_starts\" (topic, at) SELECT lt, now() FROM generate_series(1, took);\n" \
+    "    END IF;\n" \
+    "  END LOOP;\n" \
+    "  p_limit := want;\n"
+#define LIMIT_KEY(T) "(('\"@T\"'::regclass::oid::bigint << 32) | (hashtext('limit ' || " T ")::bigint" \
+    " & 4294967295))"
+#define LIMITS_DECL " limited text[]; lt text; lim record; allow bigint; want bigint; took bigint;\n"
+#define LIMITS_START \
+    "  IF p_limit > 0 THEN\n" \
+    "    limited := ARRAY(SELECT t.topic FROM \"@T_topics\" AS t WHERE t.topic = ANY(p_topics)" \
+    " AND (t.rate_max IS NOT NULL OR t.running_max IS NOT NULL) ORDER BY t.topic);\n" \
+    "    IF cardinality(limited) > 0 THEN\n" \
+    "      p_topics := ARRAY(SELECT x FROM unnest(p_topics) AS x WHERE x <> ALL(limited));\n" \
+    "    END IF;\n" \
+    "  END IF;\n"
 #define UNGROUPED_COLUMN ""
 #define UNGROUPED_NULL ""
 #define UNGROUPED_VALUE ""
@@ -582,8 +635,15 @@ static const char *const migrations[] = {
     " WHERE group_name IS NOT NULL AND " LIVE ";\n"
     "CREATE INDEX IF NOT EXISTS \"@T_group_running\" ON \"@T\" (group_name)"
     " WHERE group_name IS NOT NULL AND status = 'processing';\n"
+    /* limits per topic: theirs in "@T_topics", the starts of a rate's window, a topic's running
+     * ones by an index of their own */
+    "ALTER TABLE \"@T_topics\" ADD COLUMN IF NOT EXISTS rate_max bigint,"
+    " ADD COLUMN IF NOT EXISTS rate_per float8, ADD COLUMN IF NOT EXISTS running_max bigint;\n"
+    "CREATE TABLE IF NOT EXISTS \"@T_starts\" (topic text NOT NULL, at timestamptz NOT NULL);\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_starts_at\" ON \"@T_starts\" (topic, at);\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_running\" ON \"@T\" (topic) WHERE status = 'processing';\n"
     DROP_CLAIM_FUNCTIONS
-    CLAIM_FUNCTION(PAUSED_DECL, PAUSED_START, ERRORS_ADD, GROUPED)
+    CLAIM_FUNCTION(PAUSED_DECL LIMITS_DECL, PAUSED_START LIMITS_START, ERRORS_ADD, GROUPED)
     "CREATE FUNCTION \"@T_claim\"(p_topics text[], p_limit bigint, p_lease float8,"
     " p_token text, s_id bigint[], s_token text[], s_kind integer[], s_delay float8[],"
     " s_error text[], p_next boolean) " CLAIM_RETURNS(GROUPED_COLUMN) " LANGUAGE sql AS $f$\n"
@@ -685,6 +745,21 @@ const char rb_pg_sql_pause[] =
 const char rb_pg_sql_resume[] =
     "WITH u AS (UPDATE \"@T_topics\" SET paused_at = NULL WHERE topic = $1::text"
     " AND paused_at IS NOT NULL RETURNING topic) SELECT pg_notify($2::text, '') FROM u";
+/* A topic's limits (schema 11): $1 the topic, $2 rate, $3 per, $4 concurrency (NULL: off);
+ * a limit set or cleared wakes idle dispatchers ($5 the channel): more may start now. */
+const char rb_pg_sql_limit_set[] =
+    "WITH u AS (INSERT INTO \"@T_topics\" AS t (topic, rate_max, rate_per, running_max)"
+    " VALUES ($1::text, $2::bigint, $3::float8, $4::bigint) ON CONFLICT (topic) DO UPDATE"
+    " SET rate_max = excluded.rate_max, rate_per = excluded.rate_per,"
+    " running_max = excluded.running_max RETURNING t.topic)"
+    " SELECT pg_notify($5::text, '') FROM u";
+const char rb_pg_sql_limit_clear[] =
+    "WITH u AS (UPDATE \"@T_topics\" SET rate_max = NULL, rate_per = NULL, running_max = NULL"
+    " WHERE topic = $1::text RETURNING topic) SELECT pg_notify($2::text, '') FROM u";
+const char rb_pg_sql_limits[] =
+    "SELECT topic, rate_max AS rate, rate_per AS per, running_max AS concurrency"
+    " FROM \"@T_topics\" WHERE rate_max IS NOT NULL OR running_max IS NOT NULL"
+    " ORDER BY topic LIMIT $1::bigint";
 const char rb_pg_sql_paused[] =
     "SELECT topic, date_part('epoch', paused_at) AS paused_at FROM \"@T_topics\""
     " WHERE paused_at IS NOT NULL ORDER BY topic LIMIT $1::bigint";

@@ -14,7 +14,8 @@ extern const char *const rb_pg_stmt_templates[ST_COUNT];
 /* The statements run unprepared (one-off parameters or rare). */
 extern const char rb_pg_sql_list[], rb_pg_sql_list_page[], rb_pg_sql_bury_one[],
     rb_pg_sql_delete_one[], rb_pg_sql_topic_stats[], rb_pg_sql_pending_topics[],
-    rb_pg_sql_pause[], rb_pg_sql_resume[], rb_pg_sql_paused[], rb_pg_sql_stats[], rb_pg_sql_kick[],
+    rb_pg_sql_pause[], rb_pg_sql_resume[], rb_pg_sql_paused[], rb_pg_sql_limit_set[],
+    rb_pg_sql_limit_clear[], rb_pg_sql_limits[], rb_pg_sql_stats[], rb_pg_sql_kick[],
     rb_pg_sql_purge[], rb_pg_sql_cancel_one[], rb_pg_sql_progress[];
 
 /* "postgresql: " + msg on one line: libpq's messages carry newlines and tabs. */

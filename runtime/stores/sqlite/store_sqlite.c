@@ -68,6 +68,7 @@ struct job {
     const char *key, *prefix, *errtext; /* a list's search */
     size_t limit;
     double num;             /* lease duration, purge age */
+    rb_limit lim;           /* a topic's limits to set */
     int which;              /* statement, kick mode */
     int stage;              /* commit: 1 once the completion is written */
     /* results */
@@ -104,8 +105,10 @@ struct rb_sqlite {
     rb_store base;
     sqlite3 *db;
     sqlite3_stmt *stmts[ST_COUNT];
-    sqlite3_stmt *claim_sel;    /* claim's select, built for claim_ntopics topics */
-    size_t claim_ntopics;
+    /* claim's selects, built for claim_ntopics topics: [1] for one topic (a limited topic's
+     * own), [0] for the others */
+    sqlite3_stmt *claim_sel[2];
+    size_t claim_ntopics[2];
     queue q;                    /* everything outside a transaction, begins included */
     queue txq;                  /* operations of the open transaction */
     /* Transactions waiting to begin. Apart from q, so that between two transactions every
@@ -468,7 +471,13 @@ static job_rc run_enqueue(rb_sqlite *s, job *j)
 }
 
 /* --- claim ------------------------------------------------------------------------------ */
-typedef struct cand { sqlite3_int64 id; int bury; } cand;
+/* A candidate, and the limited topic (index into the claim's limited list) it counts for, -1
+ * for none. */
+typedef struct cand { sqlite3_int64 id; int bury; int limited; } cand;
+
+/* A limited topic among a claim's: how many of it the claim may still start, and whether its
+ * starts are recorded (a rate). */
+typedef struct limited { const char *topic; size_t allow; int rate; } limited;
 
 /* A grouped candidate may run when it is its group's head (no delivery of the group with a
  * smaller id is pending or processing) and no other of the group holds a live lease (one an
@@ -483,30 +492,32 @@ typedef struct cand { sqlite3_int64 id; int bury; } cand;
     " AND NOT EXISTS (SELECT 1 FROM \"{t}\" AS g WHERE g.group_name = \"{t}\".group_name" \
     "  AND g.status IN ('pending','processing') AND g.id < \"{t}\".id))"
 
-/* Claim's candidate query, rebuilt only when the number of topics changes. */
-static int claim_select(rb_sqlite *s, job *j, sqlite3_stmt **out)
+/* Claim's candidate query for n topics, rebuilt only when n changes (one cached for a single
+ * topic, one for more). */
+static int claim_select(rb_sqlite *s, job *j, size_t n, sqlite3_stmt **out)
 {
-    if (s->claim_sel && s->claim_ntopics == j->nactive) { *out = s->claim_sel; return SQLITE_OK; }
-    sqlite3_finalize(s->claim_sel);
-    s->claim_sel = NULL;
-    size_t cap = 2048 + j->nactive * 8;
+    int slot = n == 1;
+    if (s->claim_sel[slot] && s->claim_ntopics[slot] == n) { *out = s->claim_sel[slot]; return SQLITE_OK; }
+    sqlite3_finalize(s->claim_sel[slot]);
+    s->claim_sel[slot] = NULL;
+    size_t cap = 2048 + n * 8;
     char *sql = rb_malloc(cap);
     if (!sql) return SQLITE_NOMEM;
-    size_t n = (size_t)snprintf(sql, cap,
+    size_t len = (size_t)snprintf(sql, cap,
         "SELECT id, CAST(attempts AS INTEGER) >= CAST(max_attempts AS INTEGER) FROM \"{t}\""
         " WHERE status IN ('pending','processing') AND run_at <= ?1"
         " AND " NO_LIVE_LEASE("?3", "?4", "?1")
         " AND (group_name IS NULL OR " GROUP_HEAD_FREE ")"
         /* a topic written by hand as a BLOB is claimed as the text it is shown as */
         " AND CAST(topic AS TEXT) IN (");
-    for (size_t i = 0; i < j->nactive; i++)
-        n += (size_t)snprintf(sql + n, cap - n, "%s?%zu", i ? "," : "", i + 5);
-    snprintf(sql + n, cap - n, ") ORDER BY run_at, id LIMIT ?2");
-    int rc = prepare_sql(s, j, sql, SQLITE_PREPARE_PERSISTENT, &s->claim_sel);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(sql + len, cap - len, "%s?%zu", i ? "," : "", i + 5);
+    snprintf(sql + len, cap - len, ") ORDER BY run_at, id LIMIT ?2");
+    int rc = prepare_sql(s, j, sql, SQLITE_PREPARE_PERSISTENT, &s->claim_sel[slot]);
     free(sql);
     if (rc != SQLITE_OK) return rc;
-    s->claim_ntopics = j->nactive;
-    *out = s->claim_sel;
+    s->claim_ntopics[slot] = n;
+    *out = s->claim_sel[slot];
     return SQLITE_OK;
 }
 
@@ -533,36 +544,137 @@ static int claim_unpaused(rb_sqlite *s, job *j)
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-/* Reads the due candidates (all of them before any update touches the table). */
-static int claim_candidates(rb_sqlite *s, job *j, double now, double boot_now, cand **out,
-                            size_t *nout)
+/* One count of a limited topic's statement (ST_RUNNING or ST_STARTS) into *n. */
+static int topic_count(rb_sqlite *s, job *j, int which, const char *topic, double now,
+                       double boot_now, double since, int64_t *n)
 {
-    *out = NULL;
-    *nout = 0;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, which, &st);
+    if (rc != SQLITE_OK) return rc;
+    bind_text(st, 1, topic);
+    if (which == ST_RUNNING) {
+        bind_boot(st, 2);
+        sqlite3_bind_double(st, 3, boot_now);
+        sqlite3_bind_double(st, 4, now);
+    } else {
+        sqlite3_bind_double(st, 2, since);
+    }
+    rc = step(s, j, st);
+    *n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc == SQLITE_ROW ? SQLITE_OK : rc;
+}
+
+/* How many of a limited topic the claim may start now: under its concurrency less those
+ * running under live leases, under its rate less its starts in the window (whose older
+ * starts go). */
+static int topic_allowance(rb_sqlite *s, job *j, const char *topic, int64_t rate, double per,
+                           int64_t running_max, double now, double boot_now, size_t *allow)
+{
+    int64_t left = INT64_MAX, n = 0;
+    int rc = SQLITE_OK;
+    if (running_max > 0 &&
+        (rc = topic_count(s, j, ST_RUNNING, topic, now, boot_now, 0, &n)) == SQLITE_OK)
+        left = running_max - n;
+    if (rc == SQLITE_OK && rate > 0) {
+        sqlite3_stmt *st;
+        if ((rc = prep(s, j, ST_STARTS_TRIM, &st)) == SQLITE_OK) {
+            bind_text(st, 1, topic);
+            sqlite3_bind_double(st, 2, now - per);
+            rc = run_to_done(s, j, st);
+        }
+        if (rc == SQLITE_OK &&
+            (rc = topic_count(s, j, ST_STARTS, topic, now, boot_now, now - per, &n)) == SQLITE_OK &&
+            rate - n < left)
+            left = rate - n;
+    }
+    *allow = left > 0 ? (size_t)left : 0;
+    return rc;
+}
+
+/* Takes the limited topics out of j->active into *lims (with what each may start), so the
+ * claim asks for each apart. */
+static int claim_limits(rb_sqlite *s, job *j, double now, double boot_now, limited **lims,
+                        size_t *nlims)
+{
+    *lims = NULL;
+    *nlims = 0;
     if (!j->nactive) return SQLITE_OK;
     sqlite3_stmt *st;
-    int rc = claim_select(s, j, &st);
+    int rc = prep(s, j, ST_LIMITS, &st);
+    if (rc != SQLITE_OK) return rc;
+    limited *l = rb_calloc(j->nactive, sizeof *l);
+    if (!l) { sqlite3_reset(st); return SQLITE_NOMEM; }
+    size_t n = 0;
+    sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
+    /* (the rows first, the counts after: the counts are statements of their own) */
+    typedef struct { size_t at; int64_t rate, running; double per; } row;
+    row *rows = rb_calloc(j->nactive, sizeof *rows);
+    if (!rows) { free(l); sqlite3_reset(st); return SQLITE_NOMEM; }
+    while ((rc = step(s, j, st)) == SQLITE_ROW) {
+        const char *t = col_text(st, 0);
+        for (size_t i = 0; t && i < j->nactive; i++)
+            if (strcmp(j->active[i], t) == 0) {
+                rows[n] = (row){i, sqlite3_column_int64(st, 1), sqlite3_column_int64(st, 3),
+                                sqlite3_column_double(st, 2)};
+                l[n].topic = j->active[i];
+                l[n].rate = rows[n].rate > 0;
+                n++;
+                break;
+            }
+    }
+    sqlite3_reset(st);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+    for (size_t k = 0; rc == SQLITE_OK && k < n; k++)
+        rc = topic_allowance(s, j, l[k].topic, rows[k].rate, rows[k].per, rows[k].running, now,
+                             boot_now, &l[k].allow);
+    /* out of the active topics, the last first so the indexes stay true */
+    for (size_t k = n; rc == SQLITE_OK && k-- > 0;)
+        j->active[rows[k].at] = j->active[--j->nactive];
+    free(rows);
+    if (rc != SQLITE_OK) { free(l); return rc; }
+    *lims = l;
+    *nlims = n;
+    return SQLITE_OK;
+}
+
+/* Appends the due candidates of `topics` (at most `limit`) to *c (all of them read before any
+ * update touches the table), counting for limited topic `lim` (-1: none). */
+static int claim_candidates(rb_sqlite *s, job *j, const char **topics, size_t ntopics,
+                            size_t limit, int lim, double now, double boot_now, cand **c,
+                            size_t *n)
+{
+    if (!ntopics || !limit) return SQLITE_OK;
+    sqlite3_stmt *st;
+    int rc = claim_select(s, j, ntopics, &st);
     if (rc != SQLITE_OK) return rc;
     sqlite3_bind_double(st, 1, now);
-    sqlite3_bind_int64(st, 2, j->limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)j->limit);
+    sqlite3_bind_int64(st, 2, limit > INT32_MAX ? INT32_MAX : (sqlite3_int64)limit);
     bind_boot(st, 3);
     sqlite3_bind_double(st, 4, boot_now);
-    for (size_t i = 0; i < j->nactive; i++) bind_text(st, (int)i + 5, j->active[i]);
-    cand *c = NULL;
-    size_t n = 0;
+    for (size_t i = 0; i < ntopics; i++) bind_text(st, (int)i + 5, topics[i]);
     while ((rc = step(s, j, st)) == SQLITE_ROW) {
-        cand *grown = rb_realloc(c, (n + 1) * sizeof *c);
+        cand *grown = rb_realloc(*c, (*n + 1) * sizeof **c);
         if (!grown) { rc = SQLITE_NOMEM; break; }
-        c = grown;
-        c[n].id = sqlite3_column_int64(st, 0);
-        c[n++].bury = sqlite3_column_int(st, 1);
+        *c = grown;
+        (*c)[*n] = (cand){sqlite3_column_int64(st, 0), sqlite3_column_int(st, 1), lim};
+        (*n)++;
     }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
-    if (rc != SQLITE_DONE) { free(c); return rc; }
-    *out = c;
-    *nout = n;
-    return SQLITE_OK;
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* A start of a topic with a rate, in its window's record. */
+static int record_start(rb_sqlite *s, job *j, const char *topic, double now)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_START_ADD, &st);
+    if (rc != SQLITE_OK) return rc;
+    bind_text(st, 1, topic);
+    sqlite3_bind_double(st, 2, now);
+    return run_to_done(s, j, st);
 }
 
 static int claim_bury(rb_sqlite *s, job *j, sqlite3_int64 id, double now)
@@ -601,17 +713,28 @@ static job_rc run_claim(rb_sqlite *s, job *j)
     char token[33];
     rb_random_token(token);
     cand *c = NULL;
-    size_t n = 0;
+    size_t n = 0, nlims = 0;
+    limited *lims = NULL;
     int rc = scope_begin(s, j);
     /* After the lock wait, so the lease is not shortened; the dispatcher times its local
      * deadline from `mono` (read first: it never runs ahead of the store's lease). */
     double mono = rb_monotonic(), now = rb_wall_time(), boot_now = rb_boot_time();
     if (rc == SQLITE_OK) rc = claim_unpaused(s, j);
-    if (rc == SQLITE_OK) rc = claim_candidates(s, j, now, boot_now, &c, &n);
-    for (size_t i = 0; rc == SQLITE_OK && i < n; i++)
+    if (rc == SQLITE_OK) rc = claim_limits(s, j, now, boot_now, &lims, &nlims);
+    if (rc == SQLITE_OK)
+        rc = claim_candidates(s, j, j->active, j->nactive, j->limit, -1, now, boot_now, &c, &n);
+    for (size_t k = 0; rc == SQLITE_OK && k < nlims && n < j->limit; k++) {
+        size_t want = j->limit - n < lims[k].allow ? j->limit - n : lims[k].allow;
+        rc = claim_candidates(s, j, &lims[k].topic, 1, want, (int)k, now, boot_now, &c, &n);
+    }
+    for (size_t i = 0; rc == SQLITE_OK && i < n; i++) {
         rc = c[i].bury ? claim_bury(s, j, c[i].id, now)
                        : claim_take(s, j, c[i].id, token, now + j->num, boot_now + j->num);
+        if (rc == SQLITE_OK && !c[i].bury && c[i].limited >= 0 && lims[c[i].limited].rate)
+            rc = record_start(s, j, lims[c[i].limited].topic, now);
+    }
     free(c);
+    free(lims);
     rc = scope_end(s, j, rc);
     if (rc != SQLITE_OK) free_records(j);
     for (size_t i = 0; rc == SQLITE_OK && i < j->nrecs; i++) j->recs[i]->claimed_at = mono;
@@ -885,6 +1008,31 @@ static job_rc run_pause(rb_sqlite *s, job *j)
     if (rc == SQLITE_OK && !j->which && j->count) j->notify = 1;
     return conclude(j, rc, 1);
 }
+
+/* Sets (which 1) or clears (0) j->topic's limits. A limit cleared or raised may let this
+ * process's dispatchers start more at once. */
+static job_rc run_limit(rb_sqlite *s, job *j)
+{
+    j->count = 0;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, j->which ? ST_LIMIT_SET : ST_LIMIT_CLEAR, &st);
+    if (rc == SQLITE_OK) {
+        bind_text(st, 1, j->topic);
+        if (j->which && j->lim.rate > 0) {
+            sqlite3_bind_int64(st, 2, j->lim.rate);
+            sqlite3_bind_double(st, 3, j->lim.per);
+        }
+        if (j->which && j->lim.concurrency > 0) sqlite3_bind_int64(st, 4, j->lim.concurrency);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) {
+        j->count = 1;
+        j->notify = 1;
+    }
+    return conclude(j, rc, 1);
+}
+
+static job_rc run_limits(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_LIMITS); }
 
 static job_rc run_purge(rb_sqlite *s, job *j)
 {
@@ -1348,6 +1496,8 @@ static const job_type T_TOPIC_STATS = {run_topic_stats, report_rows};
 static const job_type T_PENDING_TOPICS = {run_pending_topics, report_rows};
 static const job_type T_PAUSE = {run_pause, report_count};
 static const job_type T_PAUSED = {run_paused, report_rows};
+static const job_type T_LIMIT = {run_limit, report_count};
+static const job_type T_LIMITS = {run_limits, report_rows};
 static const job_type T_LEASE = {run_lease, report_lease};
 static const job_type T_BEGIN = {run_begin, report_tx};
 static const job_type T_EXEC = {run_exec, report_count};
@@ -1719,6 +1869,25 @@ static void sq_paused(rb_store *base, rb_rows_cb cb, void *ud)
     submit_rows(base, &T_PAUSED, cb, ud);
 }
 
+static void sq_limit(rb_store *base, const char *topic, const rb_limit *lim, rb_count_cb cb,
+                     void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    if (lim && !rb_limit_valid(lim)) { cb(ud, "sqlite: limit: bad limits", 0); return; }
+    job *j = new_job(s, NULL, &T_LIMIT, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->which = lim != NULL;
+    if (lim) j->lim = *lim;
+    j->topic = keep(j, topic ? topic : "");
+    submit(s, j);
+}
+
+static void sq_limits(rb_store *base, rb_rows_cb cb, void *ud)
+{
+    submit_rows(base, &T_LIMITS, cb, ud);
+}
+
 static void one_op(rb_store *base, int which, const char *id, const char *reason,
                    rb_count_cb cb, void *ud)
 {
@@ -1892,7 +2061,8 @@ static void destroy(rb_sqlite *s)
 {
     rb_timer_stop(s->base.loop, &s->retry);
     for (int i = 0; i < ST_COUNT; i++) sqlite3_finalize(s->stmts[i]);
-    sqlite3_finalize(s->claim_sel);
+    sqlite3_finalize(s->claim_sel[0]);
+    sqlite3_finalize(s->claim_sel[1]);
     if (s->tx) free(s->tx->lease_token);
     free(s->tx);    /* closing the connection rolls an open transaction back */
     sqlite3_close_v2(s->db);
@@ -1956,6 +2126,8 @@ static const rb_store_vtable sqlite_vt = {
     .tx_holds = sq_tx_holds,
     .pause = sq_pause,
     .paused = sq_paused,
+    .limit = sq_limit,
+    .limits = sq_limits,
 };
 
 rb_store *rb_sqlite_open(struct ev_loop *loop, const char *path, const rb_store_options *opts,

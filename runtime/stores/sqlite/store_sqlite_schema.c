@@ -70,7 +70,15 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "CREATE INDEX IF NOT EXISTS \"{t}_group\" ON \"{t}\" (group_name, id)"
     " WHERE group_name IS NOT NULL AND status IN ('pending','processing');"
     "CREATE INDEX IF NOT EXISTS \"{t}_group_running\" ON \"{t}\" (group_name)"
-    " WHERE group_name IS NOT NULL AND status = 'processing';",
+    " WHERE group_name IS NOT NULL AND status = 'processing';"
+    /* ... and limits per topic: the running deliveries of a topic, the starts of a rate's
+     * window */
+    "ALTER TABLE \"{t}_topics\" ADD COLUMN rate_max INTEGER;"
+    "ALTER TABLE \"{t}_topics\" ADD COLUMN rate_per REAL;"
+    "ALTER TABLE \"{t}_topics\" ADD COLUMN running_max INTEGER;"
+    "CREATE INDEX IF NOT EXISTS \"{t}_running\" ON \"{t}\" (topic) WHERE status = 'processing';"
+    "CREATE TABLE IF NOT EXISTS \"{t}_starts\" (topic TEXT NOT NULL, at REAL NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS \"{t}_starts_at\" ON \"{t}_starts\" (topic, at);",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
@@ -187,6 +195,22 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " WHERE topic = ?1 AND paused_at IS NOT NULL",
     [ST_PAUSED] = "SELECT topic, paused_at FROM \"{t}_topics\" WHERE paused_at IS NOT NULL"
         " ORDER BY topic LIMIT ?1",
+    /* limits (schema 5): ?1 the topic; set ?2 rate, ?3 per, ?4 concurrency (NULL: off) */
+    [ST_LIMITS] = "SELECT topic, rate_max AS rate, rate_per AS per, running_max AS concurrency"
+        " FROM \"{t}_topics\" WHERE rate_max IS NOT NULL OR running_max IS NOT NULL"
+        " ORDER BY topic LIMIT ?1",
+    [ST_LIMIT_SET] = "INSERT INTO \"{t}_topics\" (topic, rate_max, rate_per, running_max)"
+        " VALUES (?1, ?2, ?3, ?4) ON CONFLICT (topic) DO UPDATE SET rate_max = excluded.rate_max,"
+        " rate_per = excluded.rate_per, running_max = excluded.running_max",
+    [ST_LIMIT_CLEAR] = "UPDATE \"{t}_topics\" SET rate_max = NULL, rate_per = NULL,"
+        " running_max = NULL WHERE topic = ?1",
+    /* a claim's look at a limited topic (?1): its runs under live leases (?2 boot id, ?3 boot
+     * clock, ?4 wall clock), its starts since ?2, and its starts' record */
+    [ST_RUNNING] = "SELECT count(*) FROM \"{t}\" WHERE topic = ?1 AND status = 'processing'"
+        " AND NOT " LEASE_OVER("?2", "?3", "?4"),
+    [ST_STARTS] = "SELECT count(*) FROM \"{t}_starts\" WHERE topic = ?1 AND at > ?2",
+    [ST_START_ADD] = "INSERT INTO \"{t}_starts\" (topic, at) VALUES (?1, ?2)",
+    [ST_STARTS_TRIM] = "DELETE FROM \"{t}_starts\" WHERE topic = ?1 AND at <= ?2",
     /* a cancel (?1 the wall clock, ?2 the id, ?3 the reason): the lease it takes, read first
      * in the same write transaction; then as ST_BURY_ONE */
     [ST_CANCEL_FIND] = "SELECT status = 'processing', lease_token FROM \"{t}\""
