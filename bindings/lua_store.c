@@ -636,19 +636,11 @@ static int l_store_resume(lua_State *L) { return pause_or_resume(L, 0); }
  * store:limit(topic, nil) clears them: true, or nil, err. */
 static const char *const limit_opts[] = {"rate", "per", "concurrency", NULL};
 
-/* true, or nil, err (a count that does not matter) */
+/* true, or nil, err: a limit's count says nothing (set or cleared, it holds now) */
 static void on_done_true(void *ud, const char *err, int64_t count)
 {
     (void)count;
-    rb_await *w = ud;
-    lua_State *T = rb_await_target(w);
-    int nres = 0;
-    if (T && err) nres = push_err(T, err);
-    else if (T) {
-        lua_pushboolean(T, 1);
-        nres = 1;
-    }
-    rb_await_resolve(w, nres);
+    on_changed(ud, err, 1);
 }
 
 /* An integer option of limit, 0 when absent. */
@@ -668,7 +660,9 @@ static int l_store_limit(lua_State *L)
     rb_store *s = check_lua_store(L, 1)->s;
     const char *topic = rb_check_topic(L, 2, "limit");
     rb_limit lim = {0};
-    int clear = lua_isnoneornil(L, 3);
+    if (lua_isnone(L, 3))
+        rb_misuse(L, "limit: give the limits {rate =, per =, concurrency =}, or nil to clear them");
+    int clear = lua_isnil(L, 3);
     if (!clear) {
         if (!lua_istable(L, 3))
             rb_misuse(L, "limit: the limits must be a table {rate =, per =, concurrency =} (nil clears them)");
@@ -680,8 +674,9 @@ static int l_store_limit(lua_State *L)
         lua_pop(L, 1);
         if (per_type != LUA_TNIL && per_type != LUA_TNUMBER)
             rb_misuse(L, "limit: per must be a number of seconds");
-        if (lim.rate && !(lim.per > 0 && rb_valid_seconds(lim.per)))
-            rb_misuse(L, "limit: per must be a number of seconds above 0 and at most 100 years");
+        if (lim.rate && per_type == LUA_TNIL) rb_misuse(L, "limit: rate and per go together");
+        if (lim.rate && !(lim.per >= RB_LIMIT_PER_MIN && rb_valid_seconds(lim.per)))
+            rb_misuse(L, "limit: per must be a number of seconds from 0.001 to 100 years");
         if (!lim.rate && per_type != LUA_TNIL) rb_misuse(L, "limit: per goes with rate");
         if (!lim.rate && !lim.concurrency)
             rb_misuse(L, "limit: give rate and per, or concurrency, or both (nil clears the limits)");

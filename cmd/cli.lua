@@ -646,7 +646,7 @@ function CHECKS.limit(c, pos)
     usage("limit: say the limits (--rate N --per S, --concurrency M) or --clear (see relaybus limit --help)")
   end
   if (o.rate == nil) ~= (o.per == nil) then usage("limit: --rate and --per go together") end
-  if o.per == 0 then usage("limit: --per must be above 0") end
+  if o.per and o.per < 0.001 then usage("limit: --per must be at least 0.001 seconds") end
 end
 function CHECKS.limits(c, pos) max_args("limits", pos, 0) end
 

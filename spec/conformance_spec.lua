@@ -1453,6 +1453,29 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_true(made)
       end)
 
+      -- (found by attack: a retried delivery replaced with a smaller max_attempts was buried at
+      -- once with the old payload's error, and replace had answered made = true)
+      it("a replaced delivery's attempts start again: its new payload runs even with a smaller max_attempts", function()
+        local id = assert(store:enqueue("rp.retry", { v = 1 }, { key = "k", max_attempts = 3 }))
+        local seen = {}
+        drive(store, "rp.retry", function(delivery, ctx, stop)
+          seen[#seen + 1] = delivery.payload.v
+          ctx:reschedule(3600, "later")
+          stop()
+        end)
+        expect(store, id, { status = "pending", attempts = 1 })
+        local again, made = store:enqueue("rp.retry", { v = 2 }, { key = "k", replace = true, max_attempts = 1 })
+        assert.equal(id, again)
+        assert.is_true(made)
+        expect(store, id, { attempts = 0, max_attempts = 1 })
+        drive(store, "rp.retry", function(delivery, _, stop)
+          seen[#seen + 1] = delivery.payload.v
+          stop()
+        end)
+        assert.same({ 1, 2 }, seen)
+        expect(store, id, { status = "completed" })
+      end)
+
       it("replace needs a key and a boolean; misuse writes nothing", function()
         for _, opts in ipairs { { replace = true }, { key = "k", replace = "yes" }, { key = "k", replace = 1 } } do
           local ok, err = pcall(store.enqueue, store, "rp.bad", 1, opts)
@@ -1551,6 +1574,8 @@ for _, entry in ipairs(S.list { dialects = true }) do
         for _, bad in ipairs { {}, { rate = 1 }, { per = 1 }, { rate = 0, per = 1 }, { rate = 1.5, per = 1 },
                                { rate = 1, per = 0 }, { rate = 1, per = -1 }, { rate = 1, per = 0 / 0 },
                                { rate = 1, per = math.huge }, { concurrency = 0 }, { concurrency = 2 ^ 40 },
+                               -- (found by attack: a window of 1e-300 s was taken and held nothing)
+                               { rate = 5, per = 1e-300 }, { rate = 5, per = 0.0009 },
                                { concurrency = "2" }, { nope = 1 }, "x" } do
           local ok, err = pcall(store.limit, store, "lm.c", bad)
           assert.is_false(ok, "accepted " .. tostring(bad))
@@ -1560,6 +1585,13 @@ for _, entry in ipairs(S.list { dialects = true }) do
         for _, t in ipairs { "", "a\0b", 42 } do
           assert.is_false((pcall(store.limit, store, t, { concurrency = 1 })))
         end
+        -- (found by attack: limit(topic) with the limits left out cleared them)
+        local ok, err = pcall(store.limit, store, "lm.b")
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("nil to clear", 1, true), tostring(err))
+        local okr, errr = pcall(store.limit, store, "lm.c", { rate = 1 })
+        assert.is_false(okr)
+        assert.truthy(tostring(errr):find("rate and per go together", 1, true), tostring(errr))
         assert.same({ { topic = "lm.b", concurrency = 3 } }, assert(store:limits()))
       end)
 

@@ -108,6 +108,25 @@ for _, entry in ipairs(S.list()) do
       return S.wait_exit(p, 15)
     end
 
+    -- Workers A and B on short leases; after 0.5 s A is killed (kill -9) and B frozen
+    -- (SIGSTOP) past its leases while C starts and takes over; B thaws; returns A, B, C once
+    -- nothing is pending or processing.
+    local function kill_one_freeze_one()
+      local env = { RB_LEASE = "1", RB_CONC = "4", RB_STEPS = "3", RB_STEP = "0.1" }
+      local A, B = worker(env), worker(env)
+      S.sleep(0.5)
+      S.signal(A, "KILL")
+      S.signal(B, "STOP")
+      local C = worker(env)
+      S.sleep(1.6)
+      S.signal(B, "CONT")
+      assert.truthy(S.wait_for(function()
+        local st = store:stats()
+        return st.pending + st.processing == 0
+      end, 60), "the deliveries did not drain")
+      return A, B, C
+    end
+
     it("a worker frozen (SIGSTOP) past its lease acts no more when thawed: its wait returns nil", function()
       local id = assert(store:enqueue("work", {}))
       local A = worker { RB_LEASE = "1", RB_STEPS = "40", RB_STEP = "0.1" }
@@ -204,18 +223,7 @@ for _, entry in ipairs(S.list()) do
         assert(store:limit("work", { concurrency = 2 }))
         local ids = {}
         for i = 1, 16 do ids[i] = assert(store:enqueue("work", { i = i })) end
-        local env = { RB_LEASE = "1", RB_CONC = "4", RB_STEPS = "3", RB_STEP = "0.1" }
-        local A, B = worker(env), worker(env)
-        S.sleep(0.5)
-        S.signal(A, "KILL")
-        S.signal(B, "STOP")
-        local C = worker(env)
-        S.sleep(1.6)
-        S.signal(B, "CONT")
-        assert.truthy(S.wait_for(function()
-          local st = store:stats()
-          return st.pending + st.processing == 0
-        end, 60), "the deliveries did not drain")
+        local A, B, C = kill_one_freeze_one()
         for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status, id) end
         local runs = check_no_overlap(logs, true)
         -- each run acts from its start to its last side effect; at no moment more than 2
@@ -251,18 +259,7 @@ for _, entry in ipairs(S.list()) do
             ids[#ids + 1] = id
           end
         end
-        local env = { RB_LEASE = "1", RB_CONC = "4", RB_STEPS = "3", RB_STEP = "0.1" }
-        local A, B = worker(env), worker(env)
-        S.sleep(0.5)
-        S.signal(A, "KILL")
-        S.signal(B, "STOP")
-        local C = worker(env)
-        S.sleep(1.6)                  -- B's leases run out; C takes its groups over
-        S.signal(B, "CONT")
-        assert.truthy(S.wait_for(function()
-          local st = store:stats()
-          return st.pending + st.processing == 0
-        end, 60), "the groups did not drain")
+        local A, B, C = kill_one_freeze_one()
         for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status, id) end
         local runs = check_no_overlap(logs, true)
         -- within a group, every side effect of a delivery comes before the first start of the

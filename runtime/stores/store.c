@@ -199,7 +199,7 @@ int rb_limit_valid(const rb_limit *lim)
 {
     if (!lim || (lim->rate <= 0 && lim->concurrency <= 0)) return 0;
     if (lim->rate < 0 || lim->rate > RB_LIMIT_MAX) return 0;
-    if (lim->rate > 0 && !(lim->per > 0 && lim->per <= RB_MAX_SECONDS)) return 0;
+    if (lim->rate > 0 && !(lim->per >= RB_LIMIT_PER_MIN && lim->per <= RB_MAX_SECONDS)) return 0;
     return lim->concurrency >= 0 && lim->concurrency <= RB_LIMIT_MAX;
 }
 

@@ -71,6 +71,7 @@ typedef struct rb_limit {
     int64_t concurrency;    /* at most this many running, 1 .. RB_LIMIT_MAX, or 0 */
 } rb_limit;
 #define RB_LIMIT_MAX 1000000000
+#define RB_LIMIT_PER_MIN 0.001  /* a shorter window would hold nothing back */
 /* Whether lim holds limits a store takes: at least one on, each in its range. */
 int rb_limit_valid(const rb_limit *lim);
 

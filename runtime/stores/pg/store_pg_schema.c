@@ -358,6 +358,7 @@
     "          c_kept := NOT pend;\n" \
     "          IF pend THEN\n" \
     "            UPDATE \"@T\" SET payload = p_payload[i]::jsonb, max_attempts = p_max[i],\n" \
+    "              attempts = 0,\n" \
     "              run_at = CASE WHEN held_run_at IS NULL THEN at ELSE run_at END,\n" \
     "              held_run_at = CASE WHEN held_run_at IS NULL THEN NULL ELSE at END\n" \
     "             WHERE id = nid;\n" \

@@ -521,29 +521,6 @@ static int claim_select(rb_sqlite *s, job *j, size_t n, sqlite3_stmt **out)
     return SQLITE_OK;
 }
 
-/* The claim's topics that are not paused (j->active), read inside the claim's write
- * transaction: a pause committed before it is seen. */
-static int claim_unpaused(rb_sqlite *s, job *j)
-{
-    j->nactive = 0;
-    for (size_t i = 0; i < j->ntopics; i++) j->active[j->nactive++] = j->topics[i];
-    sqlite3_stmt *st;
-    int rc = prep(s, j, ST_PAUSED, &st);
-    if (rc != SQLITE_OK) return rc;
-    sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
-    while ((rc = step(s, j, st)) == SQLITE_ROW) {
-        const char *t = col_text(st, 0);
-        for (size_t i = 0; t && i < j->nactive; i++)
-            if (strcmp(j->active[i], t) == 0) {
-                j->active[i] = j->active[--j->nactive];
-                break;
-            }
-    }
-    sqlite3_reset(st);
-    RB_ASSERT(j->nactive <= j->ntopics);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
 /* One count of a limited topic's statement (ST_RUNNING or ST_STARTS) into *n. */
 static int topic_count(rb_sqlite *s, job *j, int which, const char *topic, double now,
                        double boot_now, double since, int64_t *n)
@@ -593,45 +570,44 @@ static int topic_allowance(rb_sqlite *s, job *j, const char *topic, int64_t rate
     return rc;
 }
 
-/* Takes the limited topics out of j->active into *lims (with what each may start), so the
- * claim asks for each apart. */
-static int claim_limits(rb_sqlite *s, job *j, double now, double boot_now, limited **lims,
+/* The claim's topics, read once inside the claim's write transaction (a pause or a limit
+ * committed before it is seen): the paused ones leave j->active, and the limited ones go
+ * from it into *lims, with what each may start, so the claim asks for each apart. */
+static int claim_topics(rb_sqlite *s, job *j, double now, double boot_now, limited **lims,
                         size_t *nlims)
 {
     *lims = NULL;
     *nlims = 0;
-    if (!j->nactive) return SQLITE_OK;
-    sqlite3_stmt *st;
-    int rc = prep(s, j, ST_LIMITS, &st);
-    if (rc != SQLITE_OK) return rc;
-    limited *l = rb_calloc(j->nactive, sizeof *l);
-    if (!l) { sqlite3_reset(st); return SQLITE_NOMEM; }
+    j->nactive = 0;
+    for (size_t i = 0; i < j->ntopics; i++) j->active[j->nactive++] = j->topics[i];
+    typedef struct { const char *topic; int64_t rate, running; double per; } row;
+    row *rows = rb_calloc(j->ntopics + 1, sizeof *rows);
+    limited *l = rb_calloc(j->ntopics + 1, sizeof *l);
+    sqlite3_stmt *st = NULL;
+    int rc = rows && l ? prep(s, j, ST_CLAIM_TOPICS, &st) : SQLITE_NOMEM;
     size_t n = 0;
-    sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
-    /* (the rows first, the counts after: the counts are statements of their own) */
-    typedef struct { size_t at; int64_t rate, running; double per; } row;
-    row *rows = rb_calloc(j->nactive, sizeof *rows);
-    if (!rows) { free(l); sqlite3_reset(st); return SQLITE_NOMEM; }
-    while ((rc = step(s, j, st)) == SQLITE_ROW) {
-        const char *t = col_text(st, 0);
-        for (size_t i = 0; t && i < j->nactive; i++)
-            if (strcmp(j->active[i], t) == 0) {
-                rows[n] = (row){i, sqlite3_column_int64(st, 1), sqlite3_column_int64(st, 3),
-                                sqlite3_column_double(st, 2)};
-                l[n].topic = j->active[i];
-                l[n].rate = rows[n].rate > 0;
-                n++;
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
+        while ((rc = step(s, j, st)) == SQLITE_ROW) {
+            const char *t = col_text(st, 0);
+            for (size_t i = 0; t && i < j->nactive; i++) {
+                if (strcmp(j->active[i], t) != 0) continue;
+                if (!sqlite3_column_int(st, 1))     /* not paused: limited */
+                    rows[n++] = (row){j->active[i], sqlite3_column_int64(st, 2),
+                                      sqlite3_column_int64(st, 4), sqlite3_column_double(st, 3)};
+                j->active[i] = j->active[--j->nactive];
                 break;
             }
+        }
+        sqlite3_reset(st);
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
     }
-    sqlite3_reset(st);
-    if (rc == SQLITE_DONE) rc = SQLITE_OK;
-    for (size_t k = 0; rc == SQLITE_OK && k < n; k++)
-        rc = topic_allowance(s, j, l[k].topic, rows[k].rate, rows[k].per, rows[k].running, now,
-                             boot_now, &l[k].allow);
-    /* out of the active topics, the last first so the indexes stay true */
-    for (size_t k = n; rc == SQLITE_OK && k-- > 0;)
-        j->active[rows[k].at] = j->active[--j->nactive];
+    RB_ASSERT(j->nactive + n <= j->ntopics);
+    for (size_t k = 0; rc == SQLITE_OK && k < n; k++) {
+        l[k] = (limited){rows[k].topic, 0, rows[k].rate > 0};
+        rc = topic_allowance(s, j, rows[k].topic, rows[k].rate, rows[k].per, rows[k].running,
+                             now, boot_now, &l[k].allow);
+    }
     free(rows);
     if (rc != SQLITE_OK) { free(l); return rc; }
     *lims = l;
@@ -719,8 +695,7 @@ static job_rc run_claim(rb_sqlite *s, job *j)
     /* After the lock wait, so the lease is not shortened; the dispatcher times its local
      * deadline from `mono` (read first: it never runs ahead of the store's lease). */
     double mono = rb_monotonic(), now = rb_wall_time(), boot_now = rb_boot_time();
-    if (rc == SQLITE_OK) rc = claim_unpaused(s, j);
-    if (rc == SQLITE_OK) rc = claim_limits(s, j, now, boot_now, &lims, &nlims);
+    if (rc == SQLITE_OK) rc = claim_topics(s, j, now, boot_now, &lims, &nlims);
     if (rc == SQLITE_OK)
         rc = claim_candidates(s, j, j->active, j->nactive, j->limit, -1, now, boot_now, &c, &n);
     for (size_t k = 0; rc == SQLITE_OK && k < nlims && n < j->limit; k++) {

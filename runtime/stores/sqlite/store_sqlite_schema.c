@@ -119,7 +119,7 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " fence, run_at, created_at, group_name) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6, ?7)",
     /* a replace (?1 id, ?2 payload, ?3 run_at, ?4 max_attempts) of a delivery found pending
      * in the same write transaction */
-    [ST_ENQ_REPLACE] = "UPDATE \"{t}\" SET payload = ?2, run_at = ?3, max_attempts = ?4"
+    [ST_ENQ_REPLACE] = "UPDATE \"{t}\" SET payload = ?2, run_at = ?3, max_attempts = ?4, attempts = 0"
         " WHERE id = ?1 AND status = 'pending'",
     [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
         " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
@@ -199,6 +199,10 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_LIMITS] = "SELECT topic, rate_max AS rate, rate_per AS per, running_max AS concurrency"
         " FROM \"{t}_topics\" WHERE rate_max IS NOT NULL OR running_max IS NOT NULL"
         " ORDER BY topic LIMIT ?1",
+    /* a claim's one look at what operators set: paused (1) or limited topics */
+    [ST_CLAIM_TOPICS] = "SELECT topic, paused_at IS NOT NULL, rate_max, rate_per, running_max"
+        " FROM \"{t}_topics\" WHERE paused_at IS NOT NULL OR rate_max IS NOT NULL"
+        " OR running_max IS NOT NULL LIMIT ?1",
     [ST_LIMIT_SET] = "INSERT INTO \"{t}_topics\" (topic, rate_max, rate_per, running_max)"
         " VALUES (?1, ?2, ?3, ?4) ON CONFLICT (topic) DO UPDATE SET rate_max = excluded.rate_max,"
         " rate_per = excluded.rate_per, running_max = excluded.running_max",
