@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "schedule/schedule.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/check.h"
 
@@ -747,6 +749,132 @@ static int l_store_limits(lua_State *L)
     return await_rows(L, s, s->vt->limits, on_limits, "limits are not supported here");
 }
 
+/* ---- schedules ------------------------------------------------------------------------------- */
+static const char *const schedule_opts[] = {"cron", "every", "timezone", "topic", "payload", NULL};
+
+/* true, and whether the schedule was made (false: one of that name was replaced) */
+static void on_made(void *ud, const char *err, int64_t count)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int nres = 0;
+    if (T && err) nres = push_err(T, err);
+    else if (T) {
+        lua_pushboolean(T, 1);
+        lua_pushboolean(T, count > 0);
+        nres = 2;
+    }
+    rb_await_resolve(w, nres);
+}
+
+/* A schedule's name at idx (rb_schedule_name_valid). */
+static const char *check_schedule_name(lua_State *L, int idx, const char *what)
+{
+    if (lua_type(L, idx) != LUA_TSTRING || !rb_schedule_name_valid(lua_tostring(L, idx), lua_rawlen(L, idx)))
+        rb_misuse(L, "%s: the name must be 1 to %d bytes of UTF-8 without a NUL byte", what,
+                  RB_SCHEDULE_NAME_MAX);
+    return lua_tostring(L, idx);
+}
+
+/* An optional string field of the table at idx: NULL when absent. */
+static const char *opt_text_field(lua_State *L, int idx, const char *field, const char *what)
+{
+    int type = lua_getfield(L, idx, field);
+    if (type == LUA_TNIL) { lua_pop(L, 1); return NULL; }
+    if (type != LUA_TSTRING || strlen(lua_tostring(L, -1)) != lua_rawlen(L, -1))
+        rb_misuse(L, "%s: %s must be a string without a NUL byte", what, field);
+    return lua_tostring(L, -1);     /* left on the stack, which keeps it */
+}
+
+/* store:schedule(name, {cron = SPEC | every = S, topic = T [, payload = P] [, timezone = TZ]}):
+ * true, made (false when one of that name was replaced), or nil, err. */
+static int l_store_schedule(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    lua_settop(L, 3);
+    rb_schedule sch = {0};
+    sch.name = check_schedule_name(L, 2, "schedule");
+    if (!lua_istable(L, 3))
+        rb_misuse(L, "schedule: the definition must be a table {cron = SPEC or every = S, topic = T, payload = P}");
+    rb_check_options(L, 3, "schedule", schedule_opts);
+    lua_getfield(L, 3, "topic");
+    sch.topic = rb_check_topic(L, lua_gettop(L), "schedule");
+    sch.cron = opt_text_field(L, 3, "cron", "schedule");
+    sch.timezone = opt_text_field(L, 3, "timezone", "schedule");
+    int every_type = lua_getfield(L, 3, "every");
+    if (every_type != LUA_TNIL && every_type != LUA_TNUMBER)
+        rb_misuse(L, "schedule: every must be a number of seconds");
+    sch.every = lua_tonumber(L, -1);
+    if (!sch.cron && every_type == LUA_TNIL) rb_misuse(L, "schedule: give cron or every");
+    if (sch.cron && every_type != LUA_TNIL) rb_misuse(L, "schedule: give cron or every, not both");
+    lua_getfield(L, 3, "payload");
+    if (!rb_json_encode(L, lua_gettop(L)))
+        rb_misuse(L, "schedule: payload is not JSON-encodable (%s)", lua_tostring(L, -1));
+    sch.payload = lua_tostring(L, -1);
+    char err[400];
+    double now = rb_wall_time();
+    if (rb_schedule_next(sch.cron, sch.every, sch.timezone, now, now, &sch.next_at, err,
+                         sizeof err) != 0)
+        rb_misuse(L, "schedule: %s", err);
+    if (!s->vt->schedule) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: schedules are not supported on this store yet", s->vt->name);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->schedule(s, &sch, on_made, w);
+    return rb_await_finish(L, w);
+}
+
+/* store:unschedule(name): true when it was removed, false when there was none. */
+static int l_store_unschedule(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    const char *name = check_schedule_name(L, 2, "unschedule");
+    if (!s->vt->unschedule) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: schedules are not supported on this store yet", s->vt->name);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->unschedule(s, name, on_changed, w);
+    return rb_await_finish(L, w);
+}
+
+/* store:schedules(): {{name =, topic =, payload =, cron = | every =, timezone =, next_at =,
+ * fired_at =}, ...} by name (absent fields: not set) */
+static void push_schedule(lua_State *T, const rb_value *v)
+{
+    static const char *const names[] = {"name", "topic", NULL, "cron", "every", "timezone",
+                                        "next_at", "fired_at"};
+    lua_createtable(T, 0, 8);
+    for (int c = 0; c < 8; c++) {
+        if (c == 2) {
+            if (v[c].type == RB_VTEXT && rb_json_decode(T, v[c].s, v[c].len)) lua_setfield(T, -2, "payload");
+            else if (v[c].type == RB_VTEXT) lua_pop(T, 1);
+            continue;
+        }
+        if (v[c].type == RB_VTEXT) lua_pushlstring(T, v[c].s, v[c].len);
+        else if (v[c].type == RB_VFLOAT) lua_pushnumber(T, v[c].f);
+        else if (v[c].type == RB_VINT) lua_pushnumber(T, (lua_Number)v[c].i);
+        else continue;
+        lua_setfield(T, -2, names[c]);
+    }
+}
+
+static void on_schedules(void *ud, const char *err, rb_rowset *rs)
+{
+    resolve_topic_rows(ud, err, rs, 8, push_schedule);
+}
+
+static int l_store_schedules(lua_State *L)
+{
+    rb_store *s = check_lua_store(L, 1)->s;
+    return await_rows(L, s, s->vt->schedules, on_schedules, "schedules are not supported on this store yet");
+}
+
 static void push_topic(lua_State *T, const rb_value *v) { lua_pushlstring(T, v[0].s, v[0].len); }
 
 static void on_paused(void *ud, const char *err, rb_rowset *rs)
@@ -1161,6 +1289,9 @@ static const luaL_Reg store_methods[] = {
     {"paused", l_store_paused},
     {"limit", l_store_limit},
     {"limits", l_store_limits},
+    {"schedule", l_store_schedule},
+    {"unschedule", l_store_unschedule},
+    {"schedules", l_store_schedules},
     {"try_acquire", rb_lua_try_acquire},
     {"close", l_store_close},
     {"kind", l_store_name},

@@ -1093,6 +1093,32 @@ static void pt_paused(rb_store *s, rb_rows_cb cb, void *ud)
     fs->inner->vt->paused(fs->inner, cb, ud);
 }
 
+static void pt_schedule(rb_store *s, const rb_schedule *sch, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->schedule(fs->inner, sch, cb, ud);
+}
+static void pt_unschedule(rb_store *s, const char *name, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->unschedule(fs->inner, name, cb, ud);
+}
+static void pt_schedules(rb_store *s, rb_rows_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", NULL); return; }
+    fs->inner->vt->schedules(fs->inner, cb, ud);
+}
+static void pt_schedule_fire(rb_store *s, const char *name, double due, double next,
+                             const rb_enqueue_item *tick, rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->schedule_fire(fs->inner, name, due, next, tick, cb, ud);
+}
+
 /* The inner store's in-process word (a local enqueue, a cancelled run) reaches whoever
  * listens on the wrapper, and whoever listened on the inner store before. */
 static void fw_local_wakeup(void *ud)
@@ -1217,6 +1243,10 @@ rb_store *rb_faults_wrap(rb_store *inner, const rb_faults_options *o, char *err,
         .progress = ivt->progress ? pt_progress : NULL,
         .pause = ivt->pause ? pt_pause : NULL,
         .paused = ivt->paused ? pt_paused : NULL,
+        .schedule = ivt->schedule ? pt_schedule : NULL,
+        .unschedule = ivt->unschedule ? pt_unschedule : NULL,
+        .schedules = ivt->schedules ? pt_schedules : NULL,
+        .schedule_fire = ivt->schedule_fire ? pt_schedule_fire : NULL,
     };
     fs->base.vt = &fs->vt;
     fs->base.loop = inner->loop;

@@ -314,7 +314,13 @@ int rb_dispatcher_start(rb_dispatcher *d)
         disp_shared_release(d->store);
         return -1;
     }
+    if (disp_schedules_start(d) != 0) {
+        disp_retention_stop(d);
+        disp_shared_release(d->store);
+        return -1;
+    }
     if (disp_make_lanes(d) != 0) {
+        disp_schedules_stop(d);
         disp_retention_stop(d);
         disp_shared_release(d->store);
         return -1;
@@ -356,6 +362,7 @@ static void finish_stop(rb_dispatcher *d)
     rb_timer_stop(d->loop, &d->unhandled_timer);
     rb_timer_stop(d->loop, &d->ahead_timer);
     disp_retention_stop(d);
+    disp_schedules_stop(d);
     disp_every_stop(d);
     /* Runs still unsettled are abandoned with their lease: it expires and another process
      * runs them again. Their late endings write nothing. */

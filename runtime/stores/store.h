@@ -75,6 +75,20 @@ typedef struct rb_limit {
 /* Whether lim holds limits a store takes: at least one on, each in its range. */
 int rb_limit_valid(const rb_limit *lim);
 
+/* A durable schedule (store:schedule): kept in the store by name; every dispatcher on the
+ * store fires its ticks (dispatch/schedules.c), each once, as a delivery of `topic` whose key is
+ * the tick's (schedule/schedule.h computes the ticks). */
+typedef struct rb_schedule {
+    const char *name;       /* rb_schedule_name_valid */
+    const char *topic;
+    const char *payload;    /* JSON text, already validated by the caller */
+    const char *cron;       /* a cron expression (schedule/cron.h), or NULL with every */
+    double every;           /* s, or 0 with cron */
+    const char *timezone;   /* cron's zone, or NULL: UTC */
+    double next_at;         /* epoch s: the first tick */
+} rb_schedule;
+#define RB_SCHEDULES_MAX 10000
+
 typedef struct rb_claim_req {
     const char *const *topics;  /* only these topics are claimed */
     size_t ntopics;
@@ -355,6 +369,24 @@ typedef struct rb_store_vtable {
     /* Optional with limit: the limited topics, columns topic (text), rate (int or NULL), per
      * (float s or NULL), concurrency (int or NULL), by topic, at most RB_TOPIC_STATS_MAX rows. */
     void (*limits)(rb_store *s, rb_rows_cb cb, void *ud);
+    /* Optional: durable schedules (rb_schedule). schedule makes or replaces schedule
+     * `sch->name`; a replacement with the same cron, every and timezone keeps its next_at, so
+     * processes that define their schedules at each start do not move their ticks.
+     * count: 1 made, 0 replaced. */
+    void (*schedule)(rb_store *s, const rb_schedule *sch, rb_count_cb cb, void *ud);
+    /* count: 1 removed, 0 when there was none of that name */
+    void (*unschedule)(rb_store *s, const char *name, rb_count_cb cb, void *ud);
+    /* columns name, topic, payload (text), cron (text or NULL), every (float or NULL),
+     * timezone (text or NULL), next_at (float, epoch s), fired_at (float or NULL: when a tick
+     * was last fired), by name, at most RB_SCHEDULES_MAX rows */
+    void (*schedules)(rb_store *s, rb_rows_cb cb, void *ud);
+    /* Fires the tick of schedule `name` due at `due`: while its next_at is `due` and its
+     * topic and payload are tick's, sets next_at to `next` and enqueues tick (whose key names
+     * the tick), in one transaction where the store has them (MongoDB: the enqueue first, so a
+     * failure between the two can fire a tick twice, never lose one). count: 1 fired, 0 when
+     * another process fired it first or the schedule changed meanwhile. */
+    void (*schedule_fire)(rb_store *s, const char *name, double due, double next,
+                          const rb_enqueue_item *tick, rb_count_cb cb, void *ud);
 } rb_store_vtable;
 
 /* The common head of every store; each store file embeds it first in its own struct. */

@@ -785,6 +785,10 @@ static void store_free(pg_store *s)
     free(s->sql_delete_one);
     free(s->sql_topic_stats);
     free(s->sql_pending_topics);
+    free(s->sql_schedule_set);
+    free(s->sql_unschedule);
+    free(s->sql_schedules);
+    free(s->sql_schedule_fire);
     free(s->sql_pause);
     free(s->sql_resume);
     free(s->sql_paused);
@@ -849,7 +853,11 @@ static int build_sql(pg_store *s, const char *schema)
            (s->sql_pending_topics = Q(rb_pg_sql_pending_topics)) &&
            (s->sql_pause = Q(rb_pg_sql_pause)) && (s->sql_resume = Q(rb_pg_sql_resume)) &&
            (s->sql_paused = Q(rb_pg_sql_paused)) && (s->sql_limit_set = Q(rb_pg_sql_limit_set)) &&
-           (s->sql_limit_clear = Q(rb_pg_sql_limit_clear)) && (s->sql_limits = Q(rb_pg_sql_limits));
+           (s->sql_limit_clear = Q(rb_pg_sql_limit_clear)) && (s->sql_limits = Q(rb_pg_sql_limits)) &&
+           (s->sql_schedule_set = Q(rb_pg_sql_schedule_set)) &&
+           (s->sql_unschedule = Q(rb_pg_sql_unschedule)) &&
+           (s->sql_schedules = Q(rb_pg_sql_schedules)) &&
+           (s->sql_schedule_fire = Q(rb_pg_sql_schedule_fire));
 #undef Q
 }
 
@@ -999,6 +1007,78 @@ static void pg_limits(rb_store *bs, rb_rows_cb cb, void *ud)
     topic_rows((pg_store *)bs, ((pg_store *)bs)->sql_limits, cb, ud);
 }
 
+/* ---- schedules ---------------------------------------------------------------------------- */
+
+/* count: 1 when the row says the schedule was made */
+static void schedule_set_done(pg_op *op, PGresult *res, const char *err)
+{
+    int64_t made = !err && PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "1") == 0;
+    op->cb.count(op->ud, err, made);
+    pg_op_free(op);
+}
+
+/* count: the deliveries the fire enqueued (1, or 0 when another process fired the tick) */
+static void fire_done(pg_op *op, PGresult *res, const char *err)
+{
+    int64_t n = err ? 0 : PQntuples(res);
+    if (n && !op->s->closed) rb_store_notify_local(&op->s->base);
+    op->cb.count(op->ud, err, n);
+    pg_op_free(op);
+}
+
+static void pg_schedule(rb_store *bs, const rb_schedule *sch, rb_count_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    pg_op *op = op_adhoc(s, s->sql_schedule_set, 7, schedule_set_done, ud);
+    int ok = op && pg_op_param(op, 0, sch->name) && pg_op_param(op, 1, sch->topic) &&
+             pg_op_param(op, 2, sch->payload) && pg_op_param(op, 3, sch->cron) &&
+             (sch->cron || op_param_num(op, 4, sch->every, 0)) &&
+             pg_op_param(op, 5, sch->timezone) && op_param_num(op, 6, sch->next_at, 0);
+    if (!ok) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
+static void pg_unschedule(rb_store *bs, const char *name, rb_count_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    pg_op *op = op_adhoc(s, s->sql_unschedule, 1, pg_count_done, ud);
+    if (!op || !pg_op_param(op, 0, name ? name : "")) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
+static void pg_schedules(rb_store *bs, rb_rows_cb cb, void *ud)
+{
+    topic_rows((pg_store *)bs, ((pg_store *)bs)->sql_schedules, cb, ud);
+}
+
+static void pg_schedule_fire(rb_store *bs, const char *name, double due, double next,
+                             const rb_enqueue_item *tick, rb_count_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    pg_op *op = op_adhoc(s, s->sql_schedule_fire, 7, fire_done, ud);
+    int ok = op && pg_op_param(op, 0, name) && op_param_num(op, 1, due, 0) &&
+             op_param_num(op, 2, next, 0) && pg_op_param(op, 3, tick->topic) &&
+             pg_op_param(op, 4, tick->payload) && pg_op_param(op, 5, tick->key) &&
+             op_param_num(op, 6, tick->max_attempts, 1);
+    if (!ok) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
 static const rb_store_vtable pg_vtable = {
     .name = "postgresql",
     .claim_parallelism = 2,
@@ -1031,6 +1111,10 @@ static const rb_store_vtable pg_vtable = {
     .paused = pg_paused,
     .limit = pg_limit,
     .limits = pg_limits,
+    .schedule = pg_schedule,
+    .unschedule = pg_unschedule,
+    .schedules = pg_schedules,
+    .schedule_fire = pg_schedule_fire,
 };
 
 /* Our defaults come before the URL, whose own settings win (libpq keeps the last value).

@@ -667,6 +667,10 @@ static const char *const migrations[] = {
     " float8[], text[], boolean) SET search_path FROM CURRENT;\n"
     "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
     " float8[], text[]) SET search_path FROM CURRENT;\n",
+    /* 12: durable schedules (epoch s in next_at and fired_at, compared exactly by the fire) */
+    "CREATE TABLE IF NOT EXISTS \"@T_schedules\" (name text PRIMARY KEY, topic text NOT NULL,"
+    " payload text NOT NULL, cron text, every float8, timezone text, next_at float8 NOT NULL,"
+    " fired_at float8, created_at timestamptz NOT NULL DEFAULT now());\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -757,6 +761,32 @@ const char rb_pg_sql_limit_set[] =
 const char rb_pg_sql_limit_clear[] =
     "WITH u AS (UPDATE \"@T_topics\" SET rate_max = NULL, rate_per = NULL, running_max = NULL"
     " WHERE topic = $1::text RETURNING topic) SELECT pg_notify($2::text, '') FROM u";
+/* Schedules (schema 12): $1 the name; set $2 topic, $3 payload, $4 cron, $5 every, $6
+ * timezone, $7 next_at (kept when the timing is the same); its row says whether it was made. */
+const char rb_pg_sql_schedule_set[] =
+    "INSERT INTO \"@T_schedules\" AS s (name, topic, payload, cron, every, timezone, next_at)"
+    " VALUES ($1::text, $2::text, $3::text, $4::text, $5::float8, $6::text, $7::float8)"
+    " ON CONFLICT (name) DO UPDATE SET topic = excluded.topic, payload = excluded.payload,"
+    " next_at = CASE WHEN s.cron IS NOT DISTINCT FROM excluded.cron"
+    "  AND s.every IS NOT DISTINCT FROM excluded.every"
+    "  AND s.timezone IS NOT DISTINCT FROM excluded.timezone THEN s.next_at"
+    "  ELSE excluded.next_at END,"
+    " cron = excluded.cron, every = excluded.every, timezone = excluded.timezone"
+    " RETURNING (s.xmax = 0)::int";
+const char rb_pg_sql_unschedule[] = "DELETE FROM \"@T_schedules\" WHERE name = $1::text";
+const char rb_pg_sql_schedules[] =
+    "SELECT name, topic, payload, cron, every, timezone, next_at, fired_at"
+    " FROM \"@T_schedules\" ORDER BY name LIMIT $1::bigint";
+/* A tick ($2 its due time) moves next_at on ($3) while no other process has, and its
+ * delivery ($4 topic, $5 payload, $6 key, $7 max_attempts) is enqueued in the same statement:
+ * LATERAL, so the enqueue runs once per row the update changed, and never without one. */
+const char rb_pg_sql_schedule_fire[] =
+    "WITH f AS (UPDATE \"@T_schedules\" SET next_at = $3::float8,"
+    "  fired_at = date_part('epoch', now()) WHERE name = $1::text AND next_at = $2::float8"
+    "  AND topic = $4::text AND payload = $5::text RETURNING topic, payload)"
+    " SELECT e.c_id::text FROM f CROSS JOIN LATERAL \"@T_enqueue\"(ARRAY[f.topic],"
+    " ARRAY[f.payload], ARRAY[$6::text], ARRAY[$2::float8], ARRAY[0::float8],"
+    " ARRAY[$7::integer], ARRAY[NULL::text], false, ARRAY[false]) AS e";
 const char rb_pg_sql_limits[] =
     "SELECT topic, rate_max AS rate, rate_per AS per, running_max AS concurrency"
     " FROM \"@T_topics\" WHERE rate_max IS NOT NULL OR running_max IS NOT NULL"
@@ -920,15 +950,16 @@ static int lacks_column(PGconn *pq, const char *name, const char *column)
     return lacks;
 }
 
-/* The deliveries table TABLE, its leases table TABLE_leases and its topic settings
- * TABLE_topics must be what they say: another relaybus table may hold one of the names (a
+/* The deliveries table TABLE, its leases table TABLE_leases, its topic settings TABLE_topics
+ * and its schedules TABLE_schedules must be what they say: another relaybus table may hold one of the names (a
  * deliveries table named jobs_leases beside --table jobs), or an application's own table or
  * index. Refused before anything is made. */
 int rb_pg_check_names(PGconn *pq, const char *table, char *err, size_t errlen)
 {
-    char leases[256], topics[256];
+    char leases[256], topics[256], schedules[256];
     snprintf(leases, sizeof leases, "%s_leases", table);
     snprintf(topics, sizeof topics, "%s_topics", table);
+    snprintf(schedules, sizeof schedules, "%s_schedules", table);
     if (lacks_column(pq, table, "fence"))
         snprintf(err, errlen, "postgresql: relation %s exists and is not a relaybus deliveries "
                  "table (is it another table's named leases, or the application's?): choose "
@@ -939,6 +970,10 @@ int rb_pg_check_names(PGconn *pq, const char *table, char *err, size_t errlen)
     else if (lacks_column(pq, topics, "paused_at"))
         snprintf(err, errlen, "postgresql: relation %s exists and is not the topic settings of "
                  "table %s (is it a deliveries table?): choose another table name", topics, table);
+    else if (lacks_column(pq, schedules, "next_at"))
+        snprintf(err, errlen, "postgresql: relation %s exists and is not the schedules of "
+                 "table %s (is it a deliveries table?): choose another table name", schedules,
+                 table);
     else
         return 1;
     return 0;

@@ -69,6 +69,7 @@ struct job {
     size_t limit;
     double num;             /* lease duration, purge age */
     rb_limit lim;           /* a topic's limits to set */
+    rb_schedule sch;        /* a schedule to set; a fire's due (num) and next (sch.next_at) */
     int which;              /* statement, kick mode */
     int stage;              /* commit: 1 once the completion is written */
     /* results */
@@ -1008,6 +1009,72 @@ static job_rc run_limit(rb_sqlite *s, job *j)
 }
 
 static job_rc run_limits(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_LIMITS); }
+static job_rc run_schedules(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_SCHEDULES); }
+
+/* Makes or replaces j->sch; count 1 when made. */
+static job_rc run_schedule(rb_sqlite *s, job *j)
+{
+    j->count = 0;
+    sqlite3_stmt *st;
+    int rc = scope_begin(s, j);
+    if (rc == SQLITE_OK && (rc = prep(s, j, ST_SCHEDULE_FIND, &st)) == SQLITE_OK) {
+        bind_text(st, 1, j->sch.name);
+        if ((rc = step(s, j, st)) == SQLITE_DONE) j->count = 1;
+        if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = SQLITE_OK;
+        sqlite3_reset(st);
+    }
+    if (rc == SQLITE_OK && (rc = prep(s, j, ST_SCHEDULE_SET, &st)) == SQLITE_OK) {
+        bind_text(st, 1, j->sch.name);
+        bind_text(st, 2, j->sch.topic);
+        bind_text(st, 3, j->sch.payload);
+        bind_text(st, 4, j->sch.cron);
+        if (!j->sch.cron) sqlite3_bind_double(st, 5, j->sch.every);
+        bind_text(st, 6, j->sch.timezone);
+        sqlite3_bind_double(st, 7, j->sch.next_at);
+        sqlite3_bind_double(st, 8, rb_wall_time());
+        rc = run_to_done(s, j, st);
+    }
+    rc = scope_end(s, j, rc);
+    return conclude(j, rc, 1);
+}
+
+static job_rc run_unschedule(rb_sqlite *s, job *j)
+{
+    j->count = 0;
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_UNSCHEDULE, &st);
+    if (rc == SQLITE_OK) {
+        bind_text(st, 1, j->sch.name);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    return conclude(j, rc, 1);
+}
+
+/* A tick: next_at moves on and the tick's delivery is added, in one write transaction, or
+ * neither (another process fired it first: count 0). */
+static job_rc run_schedule_fire(rb_sqlite *s, job *j)
+{
+    j->count = 0;
+    j->notify = 0;
+    sqlite3_stmt *st;
+    double now = rb_wall_time();
+    int rc = scope_begin(s, j);
+    if (rc == SQLITE_OK && (rc = prep(s, j, ST_SCHEDULE_FIRE, &st)) == SQLITE_OK) {
+        bind_text(st, 1, j->sch.name);
+        sqlite3_bind_double(st, 2, j->num);
+        sqlite3_bind_double(st, 3, j->sch.next_at);
+        sqlite3_bind_double(st, 4, now);
+        bind_text(st, 5, j->items[0].topic);
+        bind_text(st, 6, j->items[0].payload);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK && (j->count = sqlite3_changes(s->db)) == 1)
+        rc = enqueue_one(s, j, &j->items[0], now, j->idbuf[0], &j->kept[0]);
+    rc = scope_end(s, j, rc);
+    if (rc != SQLITE_OK) j->count = 0;
+    return conclude(j, rc, 1);
+}
 
 static job_rc run_purge(rb_sqlite *s, job *j)
 {
@@ -1473,6 +1540,10 @@ static const job_type T_PAUSE = {run_pause, report_count};
 static const job_type T_PAUSED = {run_paused, report_rows};
 static const job_type T_LIMIT = {run_limit, report_count};
 static const job_type T_LIMITS = {run_limits, report_rows};
+static const job_type T_SCHEDULE = {run_schedule, report_count};
+static const job_type T_UNSCHEDULE = {run_unschedule, report_count};
+static const job_type T_SCHEDULES = {run_schedules, report_rows};
+static const job_type T_SCHEDULE_FIRE = {run_schedule_fire, report_count};
 static const job_type T_LEASE = {run_lease, report_lease};
 static const job_type T_BEGIN = {run_begin, report_tx};
 static const job_type T_EXEC = {run_exec, report_count};
@@ -1681,18 +1752,15 @@ static job *new_job(rb_sqlite *s, rb_tx *tx, const job_type *type, void *ud)
 /* --- the vtable ------------------------------------------------------------------------- */
 #define OOM "sqlite: out of memory"
 
-static job *enqueue_job(rb_sqlite *s, rb_tx *tx, const rb_enqueue_item *items, size_t n,
-                        rb_ids_cb cb, void *ud)
+/* Copies n items into j (j->oom when out of memory). */
+static void keep_items(job *j, const rb_enqueue_item *items, size_t n)
 {
-    job *j = new_job(s, tx, &T_ENQUEUE, ud);
-    if (!j) { cb(ud, OOM, NULL, NULL, 0); return NULL; }
-    j->cb.ids = cb;
     j->nitems = n;
     j->items = rb_calloc(n + 1, sizeof *j->items);
     j->idbuf = rb_calloc(n + 1, sizeof *j->idbuf);
     j->idp = rb_calloc(n + 1, sizeof *j->idp);
     j->kept = rb_calloc(n + 1, 1);
-    if (!j->items || !j->idbuf || !j->idp || !j->kept) { j->oom = 1; return j; }
+    if (!j->items || !j->idbuf || !j->idp || !j->kept) { j->oom = 1; return; }
     for (size_t i = 0; i < n; i++) {
         j->items[i] = items[i];
         j->items[i].topic = keep(j, items[i].topic);
@@ -1701,6 +1769,15 @@ static job *enqueue_job(rb_sqlite *s, rb_tx *tx, const rb_enqueue_item *items, s
         j->items[i].group = keep(j, items[i].group);
         j->idp[i] = j->idbuf[i];
     }
+}
+
+static job *enqueue_job(rb_sqlite *s, rb_tx *tx, const rb_enqueue_item *items, size_t n,
+                        rb_ids_cb cb, void *ud)
+{
+    job *j = new_job(s, tx, &T_ENQUEUE, ud);
+    if (!j) { cb(ud, OOM, NULL, NULL, 0); return NULL; }
+    j->cb.ids = cb;
+    keep_items(j, items, n);
     return j;
 }
 
@@ -1861,6 +1938,50 @@ static void sq_limit(rb_store *base, const char *topic, const rb_limit *lim, rb_
 static void sq_limits(rb_store *base, rb_rows_cb cb, void *ud)
 {
     submit_rows(base, &T_LIMITS, cb, ud);
+}
+
+static void sq_schedule(rb_store *base, const rb_schedule *sch, rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_SCHEDULE, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->sch = *sch;
+    j->sch.name = keep(j, sch->name);
+    j->sch.topic = keep(j, sch->topic);
+    j->sch.payload = keep(j, sch->payload);
+    j->sch.cron = keep(j, sch->cron);
+    j->sch.timezone = keep(j, sch->timezone);
+    submit(s, j);
+}
+
+static void sq_unschedule(rb_store *base, const char *name, rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_UNSCHEDULE, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->sch.name = keep(j, name ? name : "");
+    submit(s, j);
+}
+
+static void sq_schedules(rb_store *base, rb_rows_cb cb, void *ud)
+{
+    submit_rows(base, &T_SCHEDULES, cb, ud);
+}
+
+static void sq_schedule_fire(rb_store *base, const char *name, double due, double next,
+                             const rb_enqueue_item *tick, rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    job *j = new_job(s, NULL, &T_SCHEDULE_FIRE, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->sch.name = keep(j, name);
+    j->num = due;
+    j->sch.next_at = next;
+    keep_items(j, tick, 1);
+    submit(s, j);
 }
 
 static void one_op(rb_store *base, int which, const char *id, const char *reason,
@@ -2103,6 +2224,10 @@ static const rb_store_vtable sqlite_vt = {
     .paused = sq_paused,
     .limit = sq_limit,
     .limits = sq_limits,
+    .schedule = sq_schedule,
+    .unschedule = sq_unschedule,
+    .schedules = sq_schedules,
+    .schedule_fire = sq_schedule_fire,
 };
 
 rb_store *rb_sqlite_open(struct ev_loop *loop, const char *path, const rb_store_options *opts,

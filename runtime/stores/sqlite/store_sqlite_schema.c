@@ -15,7 +15,7 @@
 #include "util/alloc.h"
 #include "util/text.h"
 
-#define SCHEMA_VERSION  5
+#define SCHEMA_VERSION  6
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
 
 /* --- schema ----------------------------------------------------------------------------- */
@@ -79,6 +79,10 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "CREATE INDEX IF NOT EXISTS \"{t}_running\" ON \"{t}\" (topic) WHERE status = 'processing';"
     "CREATE TABLE IF NOT EXISTS \"{t}_starts\" (topic TEXT NOT NULL, at REAL NOT NULL);"
     "CREATE INDEX IF NOT EXISTS \"{t}_starts_at\" ON \"{t}_starts\" (topic, at);",
+    /* 6: durable schedules (epoch s in next_at and fired_at) */
+    "CREATE TABLE IF NOT EXISTS \"{t}_schedules\" ("
+    " name TEXT PRIMARY KEY, topic TEXT NOT NULL, payload TEXT NOT NULL, cron TEXT, every REAL,"
+    " timezone TEXT, next_at REAL NOT NULL, fired_at REAL, created_at REAL NOT NULL);",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
@@ -221,6 +225,21 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " WHERE id = ?2 AND status IN ('pending','processing')",
     [ST_CANCEL_ONE] = "UPDATE \"{t}\" SET status = 'cancelled', settled_at = ?1, last_error = ?3,"
         " lease_token = NULL WHERE id = ?2 AND status IN ('pending','processing')",
+    /* schedules (schema 6): ?1 the name; set ?2 topic, ?3 payload, ?4 cron, ?5 every,
+     * ?6 timezone, ?7 next_at (kept when the timing is the same), ?8 the wall clock */
+    [ST_SCHEDULE_FIND] = "SELECT 1 FROM \"{t}_schedules\" WHERE name = ?1",
+    [ST_SCHEDULE_SET] = "INSERT INTO \"{t}_schedules\" (name, topic, payload, cron, every,"
+        " timezone, next_at, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+        " ON CONFLICT (name) DO UPDATE SET topic = excluded.topic, payload = excluded.payload,"
+        " next_at = CASE WHEN cron IS excluded.cron AND every IS excluded.every"
+        "  AND timezone IS excluded.timezone THEN next_at ELSE excluded.next_at END,"
+        " cron = excluded.cron, every = excluded.every, timezone = excluded.timezone",
+    [ST_UNSCHEDULE] = "DELETE FROM \"{t}_schedules\" WHERE name = ?1",
+    [ST_SCHEDULES] = "SELECT name, topic, payload, cron, every, timezone, next_at, fired_at"
+        " FROM \"{t}_schedules\" ORDER BY name LIMIT ?1",
+    /* a tick (?2 its due time) moves next_at on (?3) while no other process has */
+    [ST_SCHEDULE_FIRE] = "UPDATE \"{t}_schedules\" SET next_at = ?3, fired_at = ?4"
+        " WHERE name = ?1 AND next_at = ?2 AND topic = ?5 AND payload = ?6",
     [ST_PURGE_CANCELLED] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
         " WHERE status = 'cancelled' AND settled_at < ?2 ORDER BY settled_at LIMIT ?3)",
 };
@@ -528,15 +547,16 @@ static int lacks_column(sqlite3 *db, const char *name, const char *column)
     return lacks;
 }
 
-/* The deliveries table TABLE, its leases table TABLE_leases and its topic settings TABLE_topics
- * must be what they say: another relaybus table may hold one of the names (a deliveries table
+/* The deliveries table TABLE, its leases table TABLE_leases, its topic settings TABLE_topics
+ * and its schedules TABLE_schedules must be what they say: another relaybus table may hold one of the names (a deliveries table
  * named jobs_leases beside --table jobs), or an application's own table. Refused before
  * anything is made. */
 static int check_names(sqlite3 *db, const char *table, char *err, size_t errlen)
 {
-    char leases[256], topics[256];
+    char leases[256], topics[256], schedules[256];
     snprintf(leases, sizeof leases, "%s_leases", table);
     snprintf(topics, sizeof topics, "%s_topics", table);
+    snprintf(schedules, sizeof schedules, "%s_schedules", table);
     if (lacks_column(db, table, "fence"))
         snprintf(err, errlen, "sqlite: table %s exists and is not a relaybus deliveries table "
                  "(is it another table's named leases, or the application's?): choose another "
@@ -547,6 +567,9 @@ static int check_names(sqlite3 *db, const char *table, char *err, size_t errlen)
     else if (lacks_column(db, topics, "paused_at"))
         snprintf(err, errlen, "sqlite: table %s exists and is not the topic settings of table %s "
                  "(is it a deliveries table?): choose another table name", topics, table);
+    else if (lacks_column(db, schedules, "next_at"))
+        snprintf(err, errlen, "sqlite: table %s exists and is not the schedules of table %s "
+                 "(is it a deliveries table?): choose another table name", schedules, table);
     else
         return 0;
     return -1;
