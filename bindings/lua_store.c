@@ -750,7 +750,8 @@ static int l_store_limits(lua_State *L)
 }
 
 /* ---- schedules ------------------------------------------------------------------------------- */
-static const char *const schedule_opts[] = {"cron", "every", "timezone", "topic", "payload", NULL};
+static const char *const schedule_opts[] = {"cron", "every", "timezone", "topic", "payload",
+                                            "payload_json", NULL};
 
 /* true, and whether the schedule was made (false: one of that name was replaced) */
 static void on_made(void *ud, const char *err, int64_t count)
@@ -786,8 +787,8 @@ static const char *opt_text_field(lua_State *L, int idx, const char *field, cons
     return lua_tostring(L, -1);     /* left on the stack, which keeps it */
 }
 
-/* store:schedule(name, {cron = SPEC | every = S, topic = T [, payload = P] [, timezone = TZ]}):
- * true, made (false when one of that name was replaced), or nil, err. */
+/* store:schedule(name, {cron = SPEC | every = S, topic = T [, payload = P | payload_json = TEXT]
+ * [, timezone = TZ]}): true, made (false when one of that name was replaced), or nil, err. */
 static int l_store_schedule(lua_State *L)
 {
     rb_store *s = check_lua_store(L, 1)->s;
@@ -807,10 +808,20 @@ static int l_store_schedule(lua_State *L)
     sch.every = lua_tonumber(L, -1);
     if (!sch.cron && every_type == LUA_TNIL) rb_misuse(L, "schedule: give cron or every");
     if (sch.cron && every_type != LUA_TNIL) rb_misuse(L, "schedule: give cron or every, not both");
-    lua_getfield(L, 3, "payload");
-    if (!rb_json_encode(L, lua_gettop(L)))
-        rb_misuse(L, "schedule: payload is not JSON-encodable (%s)", lua_tostring(L, -1));
-    sch.payload = lua_tostring(L, -1);
+    /* payload_json: JSON text, stored as given (as enqueue_json's) */
+    const char *text = opt_text_field(L, 3, "payload_json", "schedule");
+    int payload_type = lua_getfield(L, 3, "payload");
+    if (text) {
+        char why[400];
+        if (payload_type != LUA_TNIL) rb_misuse(L, "schedule: give payload or payload_json, not both");
+        if (!rb_json_check(text, strlen(text), why, sizeof why))
+            rb_misuse(L, "schedule: payload_json is %s", why);
+        sch.payload = text;
+    } else {
+        if (!rb_json_encode(L, lua_gettop(L)))
+            rb_misuse(L, "schedule: payload is not JSON-encodable (%s)", lua_tostring(L, -1));
+        sch.payload = lua_tostring(L, -1);
+    }
     char err[400];
     double now = rb_wall_time();
     if (rb_schedule_next(sch.cron, sch.every, sch.timezone, now, now, &sch.next_at, err,

@@ -246,6 +246,10 @@ Commands:
   limit TOPIC [--rate N --per S] [--concurrency M] | --clear
                          limit how often and how many of TOPIC start, across processes
   limits                 list the limited topics
+  schedule NAME --topic T --cron SPEC | --every S
+                         enqueue a delivery on a schedule, from every process's dispatcher
+  unschedule NAME        remove a schedule
+  schedules              list the schedules and their next ticks
   migrate                create or upgrade the schema
   dashboard [STORE-URL]  serve the web dashboard, /metrics and the JSON API
   help [COMMAND]         this help, or a command's
@@ -254,8 +258,8 @@ Every command takes:
 ]] .. STORE_HELP .. [[
 
 
-stats, list, show, kick, cancel, purge, pause, resume, paused, limit and limits never create a
-schema: on a store
+stats, list, show, kick, cancel, purge, pause, resume, paused, limit, limits, schedule,
+unschedule and schedules never create a schema: on a store
 without one they fail (run `relaybus migrate` first); enqueue and migrate create it. An
 option may be given once.
 
@@ -420,6 +424,39 @@ Options:
   --json            print a JSON array
 ]] .. STORE_HELP
 
+HELP.schedule = [[
+Usage: relaybus schedule NAME --topic T (--cron SPEC [--timezone TZ] | --every S) [--payload JSON]
+
+Makes or replaces the durable schedule NAME: every running dispatcher on the store takes part,
+and each tick is enqueued once, as a delivery of T with the payload (default {}) and the key
+NAME@TIME. After downtime one tick catches up, not every tick missed. A schedule replaced with
+the same timing keeps its next tick. Prints when that is.
+
+Options:
+  --topic T         the topic of the deliveries
+  --cron SPEC       5 fields (minute hour day month weekday), or 6 with seconds first;
+                    @hourly, @daily, @weekly, @monthly, @yearly
+  --timezone TZ     the zone of --cron's times, from the system's tz database (default UTC)
+  --every S         every S seconds (at least 1)
+  --payload JSON    the deliveries' payload, stored as given
+]] .. STORE_HELP
+
+HELP.unschedule = [[
+Usage: relaybus unschedule NAME
+
+Removes the schedule NAME. Deliveries it already enqueued stay.
+]] .. STORE_HELP
+
+HELP.schedules = [[
+Usage: relaybus schedules [--json]
+
+Lists the schedules, by name, with their next tick (UTC) and when one was last fired (with
+--json, a JSON array of {name, topic, payload, cron, every, timezone, next_at, fired_at}).
+
+Options:
+  --json            print a JSON array
+]] .. STORE_HELP
+
 HELP.paused = [[
 Usage: relaybus paused [--json]
 
@@ -461,6 +498,10 @@ local SPECS = {
   paused = { options = { json = "flag" } },
   limit = { options = { rate = "count", per = "seconds", concurrency = "count", clear = "flag" } },
   limits = { options = { json = "flag" } },
+  schedule = { options = { topic = "string", cron = "string", timezone = "string",
+                           every = "seconds", payload = "string" } },
+  unschedule = { options = {} },
+  schedules = { options = { json = "flag" } },
   migrate = { options = {} },
   dashboard = { options = { listen = "string", token = "string" } },
 }
@@ -649,6 +690,22 @@ function CHECKS.limit(c, pos)
   if o.per and o.per < 0.001 then usage("limit: --per must be at least 0.001 seconds") end
 end
 function CHECKS.limits(c, pos) max_args("limits", pos, 0) end
+function CHECKS.schedule(c, pos)
+  one_arg("schedule", c, pos, "sname", "NAME")
+  local o = c.opts
+  if not o.topic then usage("schedule: missing --topic T (see relaybus schedule --help)") end
+  if (o.cron == nil) == (o.every == nil) then usage("schedule: give --cron SPEC or --every S") end
+  if o.timezone and not o.cron then usage("schedule: --timezone goes with --cron") end
+  if o.payload then
+    local ok, v, err = pcall(json.decode, o.payload)
+    if not ok then err = v end
+    if not ok or (v == nil and err ~= nil) then
+      usage("schedule: invalid JSON payload: %s", show(err, SHOWN_MAX, true))
+    end
+  end
+end
+function CHECKS.unschedule(c, pos) one_arg("unschedule", c, pos, "sname", "NAME") end
+function CHECKS.schedules(c, pos) max_args("schedules", pos, 0) end
 
 function CHECKS.migrate(c, pos) max_args("migrate", pos, 0) end
 
@@ -760,7 +817,8 @@ local function call(c, store, method, ...)
   local r = table.pack(pcall(store[method], store, ...))
   local err = not r[1] and r[2] or r[2] == nil and (r[3] or "failed")
   if err then
-    err = tostring(err):gsub("^relaybus: ", "")
+    -- a misuse the library caught already names the call (schedule's "schedule: ...")
+    err = tostring(err):gsub("^relaybus: ", ""):gsub("^" .. method .. ": ", "")
     runtime("%s: %s", c.name, show(scrub(err), nil, true))
   end
   return table.unpack(r, 2, r.n)
@@ -1056,6 +1114,55 @@ function commands.limits(c)
     if #out == 0 then io.stderr:write("(no limited topics)\n") end
   end
   store:close()
+  return EXIT_OK
+end
+
+function commands.schedule(c)
+  local o = c.opts
+  local store = open_store(c, false)
+  local _, made = call(c, store, "schedule", c.sname, { topic = o.topic, cron = o.cron,
+                       every = o.every, timezone = o.timezone, payload_json = o.payload or "{}" })
+  local next_at
+  for _, s in ipairs(call(c, store, "schedules")) do
+    if s.name == c.sname then next_at = s.next_at end
+  end
+  store:close()
+  io.stdout:write(made and "scheduled " or "replaced ", show(c.sname, 80), ": next tick ",
+                  fmt_time(next_at), " UTC\n")
+  return EXIT_OK
+end
+
+function commands.unschedule(c)
+  local store = open_store(c, false)
+  local removed = call(c, store, "unschedule", c.sname)
+  store:close()
+  if not removed then runtime("unschedule: no schedule %s", show_arg(c.sname)) end
+  io.stdout:write("unscheduled ", show(c.sname, 80), "\n")
+  return EXIT_OK
+end
+
+-- A schedule's timing for a person: "cron 0 3 * * * (Europe/Berlin)" or "every 5m00s".
+local function fmt_timing(s)
+  if s.cron then return "cron " .. show(s.cron, 60) .. (s.timezone and (" (" .. show(s.timezone, 40) .. ")") or "") end
+  return "every " .. fmt_duration(s.every)
+end
+
+function commands.schedules(c)
+  local store = open_store(c, false)
+  local rows = call(c, store, "schedules")
+  store:close()
+  if c.opts.json then
+    io.stdout:write(json_array(rows), "\n")
+    return EXIT_OK
+  end
+  local out = {}
+  for _, s in ipairs(rows) do
+    out[#out + 1] = { show(s.name, 40), show(s.topic, 40), fmt_timing(s), fmt_time(s.next_at),
+                      s.fired_at and fmt_time(s.fired_at) or "-" }
+  end
+  print_table({ "NAME", "TOPIC", "WHEN", "NEXT (UTC)", "LAST FIRED (UTC)" }, out,
+              { "l", "l", "l", "l", "l" })
+  if #out == 0 then io.stderr:write("(no schedules)\n") end
   return EXIT_OK
 end
 

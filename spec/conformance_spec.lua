@@ -1648,6 +1648,159 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("schedules", function()
+      local function by_name(name)
+        for _, sc in ipairs(assert(store:schedules())) do if sc.name == name then return sc end end
+      end
+
+      it("made, listed, replaced (the same timing keeps its next tick), removed; misuse names what is wrong", function()
+        local t0 = relaybus.time()
+        assert.same({ true, true }, { store:schedule("sc.b", { every = 60, topic = "sc.t", payload = { n = 1 } }) })
+        assert.same({ true, true }, { store:schedule("sc.a", { cron = "0 3 * * *", timezone = "Europe/Berlin",
+                                                               topic = "sc.t" }) })
+        local list = assert(store:schedules())
+        assert.equal(2, #list)
+        assert.equal("sc.a", list[1].name)          -- by name
+        assert.equal("0 3 * * *", list[1].cron)
+        assert.equal("Europe/Berlin", list[1].timezone)
+        assert.is_nil(list[1].every)
+        assert.is_nil(list[1].fired_at)
+        -- 03:00 in Berlin is 01:00 or 02:00 UTC, within a day from now
+        local a_next = list[1].next_at
+        assert.is_true(a_next > t0 and a_next <= t0 + 86400 + 1, tostring(a_next))
+        assert.is_true(math.floor(a_next) % 3600 == 0 and (a_next % 86400 == 3600 or a_next % 86400 == 7200), tostring(a_next))
+        assert.same({ n = 1 }, list[2].payload)
+        assert.equal(60, list[2].every)
+        H.near(t0 + 60, list[2].next_at, 3, "every's first tick")
+        -- replaced: the same timing keeps its tick, a new payload and topic apply
+        local b_next = list[2].next_at
+        relaybus.sleep(0.05)
+        assert.same({ true, false }, { store:schedule("sc.b", { every = 60, topic = "sc.u", payload = { n = 2 } }) })
+        local b = by_name("sc.b")
+        assert.equal(b_next, b.next_at)
+        assert.equal("sc.u", b.topic)
+        assert.same({ n = 2 }, b.payload)
+        -- another timing starts anew
+        assert(store:schedule("sc.b", { every = 120, topic = "sc.u" }))
+        H.near(relaybus.time() + 120, by_name("sc.b").next_at, 3, "new timing")
+        assert(store:schedule("sc.b", { cron = "*/5 * * * * *", topic = "sc.u", payload_json = '{"big":12345678901234567890}' }))
+        assert.is_nil(by_name("sc.b").every)
+        assert.is_true(by_name("sc.b").next_at <= relaybus.time() + 5.5)
+        assert.same({ true }, { store:unschedule("sc.b") })
+        assert.same({ false }, { store:unschedule("sc.b") })
+        assert.same({ false }, { store:unschedule("' OR 1=1 --") })
+        -- names as they come: SQL and unicode are only names
+        assert(store:schedule("'; DROP TABLE x; --", { every = 5, topic = "sc.t" }))
+        assert(store:schedule("zeitplan \u{1F600}", { every = 5, topic = "sc.t" }))
+        assert.is_table(by_name("'; DROP TABLE x; --"))
+        assert.is_table(by_name("zeitplan \u{1F600}"))
+        local bad = {
+          { "sc.x", { topic = "sc.t" }, "give cron or every" },
+          { "sc.x", { every = 5, cron = "* * * * *", topic = "sc.t" }, "not both" },
+          { "sc.x", { every = 0.5, topic = "sc.t" }, "every must be" },
+          { "sc.x", { every = 0 / 0, topic = "sc.t" }, "every must be" },
+          { "sc.x", { every = math.huge, topic = "sc.t" }, "every must be" },
+          { "sc.x", { every = -5, topic = "sc.t" }, "every must be" },
+          { "sc.x", { every = "5", topic = "sc.t" }, "every must be a number" },
+          { "sc.x", { every = 5, topic = "sc.t", timezone = "UTC" }, "timezone goes with cron" },
+          { "sc.x", { cron = "61 * * * *", topic = "sc.t" }, "minutes" },
+          { "sc.x", { cron = "0 0 30 2 *", topic = "sc.t" }, "never fires" },
+          { "sc.x", { cron = "* * * * *\n* * * * *", topic = "sc.t" }, "fields" },
+          { "sc.x", { cron = "* * * * *", topic = "sc.t", timezone = "../../etc/passwd" }, "tz database" },
+          { "sc.x", { cron = "* * * * *", topic = "sc.t", timezone = "Nowhere/Land" }, "tz database" },
+          { "sc.x", { cron = "* * * * *", topic = "sc.t", timezone = "Europe/Berlin\0x" }, "NUL" },
+          { "sc.x", { cron = 5, topic = "sc.t" }, "cron must be a string" },
+          { "sc.x", { every = 5 }, "topic" },
+          { "sc.x", { every = 5, topic = "" }, "topic" },
+          { "sc.x", { every = 5, topic = "sc.t", payload = function() end }, "payload" },
+          { "sc.x", { every = 5, topic = "sc.t", payload_json = "{nope" }, "payload_json" },
+          { "sc.x", { every = 5, topic = "sc.t", payload = 1, payload_json = "1" }, "not both" },
+          { "sc.x", { every = 5, topic = "sc.t", nope = 1 }, "nope" },
+          { "", { every = 5, topic = "sc.t" }, "name" },
+          { string.rep("n", 201), { every = 5, topic = "sc.t" }, "name" },
+          { "a\0b", { every = 5, topic = "sc.t" }, "name" },
+          { "\xff", { every = 5, topic = "sc.t" }, "name" },
+          { 42, { every = 5, topic = "sc.t" }, "name" },
+          { "sc.x", "every 5", "table" },
+        }
+        for _, b in ipairs(bad) do
+          local ok, err = pcall(store.schedule, store, b[1], b[2])
+          assert.is_false(ok, "accepted " .. tostring(b[3]))
+          H.one_line(tostring(err))
+          assert.truthy(tostring(err):find(b[3], 1, true), tostring(err))
+        end
+        assert.is_nil(by_name("sc.x"))
+        assert.is_false((pcall(store.unschedule, store, "")))
+        assert.is_false((pcall(store.unschedule, store)))
+      end)
+
+      it("two dispatchers fire each tick once, as a delivery of the topic with the tick's key and payload", function()
+        assert(store:schedule("sc.race", { every = 1, topic = "sc.race", payload = { from = "schedule" } }))
+        local first = by_name("sc.race").next_at
+        local got = {}
+        local ds = {}
+        for k = 1, 2 do
+          local d = H.dispatcher(store, { poll_interval = 0.1 })
+          d:handle("sc.race", function(del)
+            got[#got + 1] = del
+            if #got == 3 then for _, x in ipairs(ds) do relaybus.spawn(function() x:stop() end) end end
+          end)
+          ds[k] = d
+        end
+        assert.is_true((H.run(ds, 8)))
+        relaybus.sleep(0.3)       -- a fourth tick fired while the dispatchers stopped would be listed
+        local seen = {}
+        for _, del in ipairs(got) do
+          assert.is_nil(seen[del.key], "tick twice: " .. tostring(del.key))
+          seen[del.key] = true
+          assert.same({ from = "schedule" }, del.payload)
+        end
+        table.sort(got, function(a, b) return a.run_at < b.run_at end)
+        for i, del in ipairs(got) do
+          -- the ticks in order: first, first + 1, first + 2, each run_at its tick
+          H.near(first + (i - 1), del.run_at, 0.001, "tick " .. i)
+          assert.truthy(del.key:match("^sc%.race@%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.?%d*Z$"), del.key)
+        end
+        local listed = assert(store:list { topic = "sc.race" })
+        local keys = {}
+        for _, r in ipairs(listed) do
+          assert.is_nil(keys[r.key], "enqueued twice: " .. tostring(r.key))
+          keys[r.key] = true
+        end
+        assert.is_true(#listed >= 3 and #listed <= 4, tostring(#listed))
+        local sc = by_name("sc.race")
+        assert.is_true(sc.next_at > relaybus.time() - 1.5)
+        assert.is_number(sc.fired_at)
+      end)
+
+      it("after downtime one catch-up tick (the first one missed), never a flood; unscheduled fires no more", function()
+        assert(store:schedule("sc.down", { every = 1, topic = "sc.down" }))
+        local first = by_name("sc.down").next_at
+        relaybus.sleep(first - relaybus.time() + 2.3)      -- no dispatcher: 3 ticks missed
+        local d = H.dispatcher(store, { poll_interval = 0.1 })
+        d:handle("sc.down", function() end)
+        d:start()
+        relaybus.spawn(function()
+          H.poll(function() return #assert(store:list { topic = "sc.down" }) >= 1 end, 5)
+          relaybus.sleep(0.2)
+          d:stop()
+        end)
+        relaybus.run()
+        local listed = assert(store:list { topic = "sc.down" })
+        assert.equal(1, #listed)
+        H.near(first, listed[1].run_at, 0.001, "the catch-up is the first tick missed")
+        local sc = by_name("sc.down")
+        assert.is_true(sc.next_at > relaybus.time() - 0.5, "next tick from now on")
+        assert.is_true(store:unschedule("sc.down"))
+        local d2 = H.dispatcher(store, { poll_interval = 0.1 })
+        d2:handle("sc.down", function() end)
+        d2:start()
+        relaybus.spawn(function() relaybus.sleep(1.5) d2:stop() end)
+        relaybus.run()
+        assert.equal(1, #assert(store:list { topic = "sc.down" }))
+      end)
+    end)
+
     describe("cancel", function()
       -- cancel answers true or false, or nil and an error
       local function answer(v, err) assert.is_nil(err) return v end

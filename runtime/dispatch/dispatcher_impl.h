@@ -8,7 +8,7 @@
  *                          unsettled runs, the wake list, what their claims learnt
  *   dispatcher_settle.c    settle writes coalesced per loop iteration, explicit settles
  *   retention.c            completed deliveries deleted once older than the retention
- *   schedules.c            the ticks of the store's durable schedules, fired once each
+ *   ticks.c                the ticks of the store's durable schedules, fired once each
  *   every.c                rb_dispatcher_every: a job run once per interval across processes
  * Names shared between them start with disp_ (hidden from the library's users). */
 #ifndef RB_DISPATCHER_IMPL_H
@@ -203,7 +203,7 @@ struct rb_dispatcher {
     listener *listeners;        /* of lifecycle events */
     rb_timer unhandled_timer;   /* the one check for topics nobody here handles */
     struct disp_retention *retention;   /* retention.c, while running; NULL when off */
-    struct disp_schedules *schedules;   /* schedules.c, while running; NULL without them */
+    struct disp_schedules *schedules;   /* ticks.c, while running; NULL without them */
     struct rb_every_run *every_jobs;    /* every.c: the jobs of rb_dispatcher_every */
     rb_idle quiet_watcher;      /* calls on_quiet from the loop, with nothing of d on the stack */
     rb_dispatcher *next_on_store;
@@ -224,7 +224,7 @@ typedef struct disp_retention disp_retention;
 int disp_retention_start(rb_dispatcher *d);
 void disp_retention_stop(rb_dispatcher *d);
 
-/* schedules.c: started with the dispatcher (0, or -1 out of memory), stopped at its stop */
+/* ticks.c: started with the dispatcher (0, or -1 out of memory), stopped at its stop */
 typedef struct disp_schedules disp_schedules;
 int disp_schedules_start(rb_dispatcher *d);
 void disp_schedules_stop(rb_dispatcher *d);

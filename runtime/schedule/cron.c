@@ -6,6 +6,7 @@
 #include "schedule/civil.h"
 #include "schedule/cron.h"
 #include "util/check.h"
+#include "util/text.h"
 
 typedef struct field_def {
     const char *what;
@@ -110,7 +111,7 @@ static int some_day(const rb_cron *c)
     return 0;
 }
 
-int rb_cron_parse(rb_cron *c, const char *spec, char *err, size_t errlen)
+static int parse(rb_cron *c, const char *spec, char *err, size_t errlen)
 {
     char e[400];
     memset(c, 0, sizeof *c);
@@ -237,5 +238,13 @@ int64_t rb_cron_next(const rb_cron *c, const rb_tz *tz, int64_t after)
         if (u > after) return u;
         L = M + 1;
     }
+    return -1;
+}
+
+int rb_cron_parse(rb_cron *c, const char *spec, char *err, size_t errlen)
+{
+    char why[600];
+    if (parse(c, spec, why, sizeof why) == 0) return 0;
+    rb_one_line(err, errlen, why);      /* a spec given with a line break in it */
     return -1;
 }

@@ -18,7 +18,7 @@ int rb_schedule_name_valid(const char *name, size_t len)
 int rb_schedule_next(const char *cron, double every, const char *timezone, double anchor,
                      double after, double *next, char *err, size_t errlen)
 {
-    if (!cron == !(every > 0) || (cron && every != 0)) {
+    if (cron ? every != 0 : every == 0) {
         snprintf(err, errlen, "a schedule takes either cron or every");
         return -1;
     }

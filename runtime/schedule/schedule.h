@@ -1,7 +1,7 @@
 /* schedule.h -- durable schedules' ticks: when the next one falls, and its key.
  *
  * A schedule (rb_schedule, store.h) is kept in the store; every dispatcher on the store reads
- * them and fires each due tick once (dispatch/schedules.c). This file is the arithmetic both
+ * them and fires each due tick once (dispatch/ticks.c). This file is the arithmetic both
  * the definer (store:schedule) and the dispatchers use: no store and no loop here. */
 #ifndef RB_SCHEDULE_H
 #define RB_SCHEDULE_H

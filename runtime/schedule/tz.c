@@ -7,6 +7,7 @@
 #include "schedule/tz.h"
 #include "util/alloc.h"
 #include "util/check.h"
+#include "util/text.h"
 
 #define TZIF_MAX (1 << 20)          /* the largest file read; real ones are under 4 KiB */
 #define DEFAULT_DIR "/usr/share/zoneinfo"
@@ -228,6 +229,14 @@ static int parse_tzif(rb_tz *tz, const unsigned char *p, size_t len)
     return 0;
 }
 
+/* The message in err as one line (a name given with a line break in it). */
+static void one_line(char *err, size_t errlen)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", err);
+    rb_one_line(err, errlen, tmp);
+}
+
 static int valid_name(const char *name)
 {
     size_t n = strlen(name);
@@ -252,6 +261,7 @@ rb_tz *rb_tz_load(const char *name, char *err, size_t errlen)
     if (!valid_name(name)) {
         snprintf(err, errlen, "timezone '%.*s' is not a name of the tz database (like "
                  "Europe/Berlin)", RB_TZ_NAME_MAX, name);
+        one_line(err, errlen);
         free(tz);
         return NULL;
     }
@@ -275,6 +285,7 @@ rb_tz *rb_tz_load(const char *name, char *err, size_t errlen)
             snprintf(err, errlen, "timezone '%s': not a tz database file", name);
         free(buf);
         rb_tz_free(tz);
+        one_line(err, errlen);
         return NULL;
     }
     free(buf);

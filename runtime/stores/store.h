@@ -76,7 +76,7 @@ typedef struct rb_limit {
 int rb_limit_valid(const rb_limit *lim);
 
 /* A durable schedule (store:schedule): kept in the store by name; every dispatcher on the
- * store fires its ticks (dispatch/schedules.c), each once, as a delivery of `topic` whose key is
+ * store fires its ticks (dispatch/ticks.c), each once, as a delivery of `topic` whose key is
  * the tick's (schedule/schedule.h computes the ticks). */
 typedef struct rb_schedule {
     const char *name;       /* rb_schedule_name_valid */

@@ -17,6 +17,7 @@
  *   vcache.c    versions our own claims wrote (FerretDB), so a settle need not read first
  *   readyq.c    the ready queue (FerretDB): the entries claims read instead of a search
  *   topics.c    what operators set per topic: pause and resume, and what claims skip
+ *   schedules.c durable schedules: made, listed, and their ticks fired
  *   enqueue.c, claim.c, settle.c, lease.c (named leases), tx.c (transactions, replica sets),
  *   admin.c (get, list, stats, kick, purge): the operations
  *   schema.c    migrate's collections and indexes, and the check without migrate
@@ -85,7 +86,7 @@ struct mstore {
     rb_store base;
     mongoc_uri_t *uri;
     mongoc_client_pool_t *pool;
-    char *db, *leases, *tickets, *queue, *topics;
+    char *db, *leases, *tickets, *queue, *topics, *schedules;
     int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
     int ferretdb;               /* the server is FerretDB, whatever the dialect */
     int replset;                /* transactions possible */
@@ -244,6 +245,11 @@ void mg_tx_close_all(mstore *s);        /* the store closes: each open rb_tx is 
 
 /* ---- the operations (the vtable, open.c) ---- */
 void mg_enqueue(rb_store *st, const rb_enqueue_item *items, size_t n, rb_ids_cb cb, void *ud);
+void mg_schedule(rb_store *st, const rb_schedule *sch, rb_count_cb cb, void *ud);
+void mg_unschedule(rb_store *st, const char *name, rb_count_cb cb, void *ud);
+void mg_schedules(rb_store *st, rb_rows_cb cb, void *ud);
+void mg_schedule_fire(rb_store *st, const char *name, double due, double next,
+                      const rb_enqueue_item *tick, rb_count_cb cb, void *ud);
 void mg_claim(rb_store *st, const rb_claim_req *req, rb_claim_cb cb, void *ud);
 void mg_settle(rb_store *st, rb_settle_op *ops, size_t n, rb_done_cb cb, void *ud);
 void mg_get(rb_store *st, const char *id, rb_records_cb cb, void *ud);

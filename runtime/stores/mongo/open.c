@@ -20,6 +20,7 @@ static void store_free(mstore *s)
     free(s->db);
     free(s->leases);
     free(s->topics);
+    free(s->schedules);
     free(s->tickets);
     free(s->queue);
     rb_store_release_dispatch(&s->base);
@@ -138,10 +139,11 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     s->tickets = rb_malloc(n);
     s->queue = rb_malloc(n);
     s->topics = rb_malloc(n);
+    s->schedules = rb_malloc(n);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->busy_mu, NULL);
     pthread_cond_init(&s->busy_cv, NULL);
-    if (!s->base.table || !s->leases || !s->tickets || !s->queue || !s->topics ||
+    if (!s->base.table || !s->leases || !s->tickets || !s->queue || !s->topics || !s->schedules ||
         rb_hmap_reserve(&s->busy, 1024) != 0) {
         store_free(s);
         return NULL;
@@ -150,6 +152,7 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     snprintf(s->tickets, n, "%s_tickets", table);
     snprintf(s->queue, n, "%s_queue", table);
     snprintf(s->topics, n, "%s_topics", table);
+    snprintf(s->schedules, n, "%s_schedules", table);
     s->clock_checked = rb_monotonic();
     s->clock_offset = rb_wall_time() - rb_monotonic();   /* until the server tells its time */
     return s;
@@ -226,6 +229,10 @@ static const rb_store_vtable mongo_vtable = {
     .close = m_close,
     .pause = mg_pause,
     .paused = mg_paused,
+    .schedule = mg_schedule,
+    .unschedule = mg_unschedule,
+    .schedules = mg_schedules,
+    .schedule_fire = mg_schedule_fire,
 };
 
 /* Its table for plugin.h: the command and the Lua module load it from relaybus_mongo.so. */

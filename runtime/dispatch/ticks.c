@@ -1,4 +1,4 @@
-/* schedules.c -- the dispatcher's part in durable schedules (store:schedule): every running
+/* ticks.c -- the dispatcher's part in durable schedules (store:schedule): every running
  * dispatcher on a store reads its schedules and fires each tick that is due.
  *
  * A round reads the schedules (a small table), and for each whose next_at has come asks the
