@@ -1773,6 +1773,28 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_number(sc.fired_at)
       end)
 
+      it("a fire that comes late (the tick fired elsewhere, its delivery settled) or after a change enqueues nothing", function()
+        local testing = S.testing()
+        assert(store:schedule("sc.cas", { every = 60, topic = "sc.cas", payload = { v = 1 } }))
+        local due = by_name("sc.cas").next_at
+        local key = "sc.cas@tick"
+        assert.equal(1, assert(testing.schedule_fire(store, "sc.cas", due, due + 60, "sc.cas", '{"v":1}', key)))
+        local listed = assert(store:list { topic = "sc.cas" })
+        assert.equal(1, #listed)
+        assert.equal(key, listed[1].key)
+        H.near(due, listed[1].run_at, 0.001, "the tick's run_at")
+        assert.equal(due + 60, by_name("sc.cas").next_at)
+        -- settled: no dedupe key holds the tick any more; only next_at does
+        assert.is_true(store:cancel(listed[1].id))
+        assert.equal(0, assert(testing.schedule_fire(store, "sc.cas", due, due + 60, "sc.cas", '{"v":1}', key)))
+        -- the schedule changed under a dispatcher that read it before: nothing of the old
+        assert(store:schedule("sc.cas", { every = 60, topic = "sc.cas", payload = { v = 2 } }))
+        assert.equal(0, assert(testing.schedule_fire(store, "sc.cas", due + 60, due + 120, "sc.cas", '{"v":1}', key .. "2")))
+        assert.equal(0, assert(testing.schedule_fire(store, "sc.gone", due, due + 60, "sc.cas", '{"v":1}', key .. "3")))
+        assert.equal(1, #assert(store:list { topic = "sc.cas" }))
+        assert.equal(due + 60, by_name("sc.cas").next_at)
+      end)
+
       it("after downtime one catch-up tick (the first one missed), never a flood; unscheduled fires no more", function()
         assert(store:schedule("sc.down", { every = 1, topic = "sc.down" }))
         local first = by_name("sc.down").next_at

@@ -8,6 +8,8 @@
  *                                 (alloc_faults.h; needs relaybus_allocfail.so loaded globally
  *                                 before relaybus.so, as spec/support/stores.lua does)
  *   testing.daemon(fn, ...)       relaybus.spawn for a task relaybus.run() does not wait for
+ *   testing.schedule_fire(store, name, due, next, topic, payload_json, key)
+ *                                 the store's fire of one tick, as a dispatcher sends it
  * It calls relaybus's own functions: the relaybus command exports them, and from a plain Lua
  * interpreter relaybus.so must be loaded globally first (spec/support/stores.lua does).
  *
@@ -176,6 +178,39 @@ static int l_fail_alloc(lua_State *L)
     return 1;
 }
 
+/* testing.schedule_fire(store, name, due, next, topic, payload_json, key): the store's fire
+ * of one tick, as a dispatcher sends it (a stale one, a repeated one): its count, or nil, err. */
+static void on_fired(void *ud, const char *err, int64_t count)
+{
+    rb_await *w = ud;
+    lua_State *T = rb_await_target(w);
+    int n = 0;
+    if (T && err) {
+        lua_pushnil(T);
+        lua_pushstring(T, err);
+        n = 2;
+    } else if (T) {
+        lua_pushinteger(T, (lua_Integer)count);
+        n = 1;
+    }
+    rb_await_resolve(w, n);
+}
+
+static int l_schedule_fire(lua_State *L)
+{
+    rb_store *s = rb_lua_check_store(L, 1);
+    rb_enqueue_item tick = {.topic = luaL_checkstring(L, 5), .payload = luaL_checkstring(L, 6),
+                            .key = luaL_checkstring(L, 7), .max_attempts = 25};
+    const char *name = luaL_checkstring(L, 2);
+    double due = luaL_checknumber(L, 3), next = luaL_checknumber(L, 4);
+    tick.run_at = due;
+    if (!s->vt->schedule_fire) return luaL_error(L, "testing.schedule_fire: no schedules here");
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->schedule_fire(s, name, due, next, &tick, on_fired, w);
+    return rb_await_finish(L, w);
+}
+
 /* testing.daemon(fn, ...): a task that relaybus.run() does not wait for (a spec's background
  * work that must not keep a script running). */
 static void on_daemon_end(rb_task *t, int ok, const char *err)
@@ -206,6 +241,7 @@ int luaopen_relaybus_testing(lua_State *L)
         {"fault_stats", l_fault_stats},
         {"fail_alloc", l_fail_alloc},
         {"daemon", l_daemon},
+        {"schedule_fire", l_schedule_fire},
         {NULL, NULL},
     };
     luaL_newlib(L, fns);

@@ -382,8 +382,9 @@ typedef struct rb_store_vtable {
     void (*schedules)(rb_store *s, rb_rows_cb cb, void *ud);
     /* Fires the tick of schedule `name` due at `due`: while its next_at is `due` and its
      * topic and payload are tick's, sets next_at to `next` and enqueues tick (whose key names
-     * the tick), in one transaction where the store has them (MongoDB: the enqueue first, so a
-     * failure between the two can fire a tick twice, never lose one). count: 1 fired, 0 when
+     * the tick), in one transaction where the store has them (MongoDB: a look at the schedule,
+     * the enqueue, then the move, so a failure between them can fire a tick twice, never lose
+     * one: stores/mongo/schedules.c). count: 1 fired, 0 when
      * another process fired it first or the schedule changed meanwhile. */
     void (*schedule_fire)(rb_store *s, const char *name, double due, double next,
                           const rb_enqueue_item *tick, rb_count_cb cb, void *ud);

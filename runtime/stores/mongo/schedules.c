@@ -2,13 +2,14 @@
  * document per schedule, _id its name, next_at and fired_at in epoch s.
  *
  * A tick is fired in two writes, without a transaction (the servers this store runs on have
- * none to give): the tick's delivery is enqueued first, under its dedupe key, then next_at
- * moves on while it is still the tick's. Dispatchers racing for one tick enqueue it once (the
+ * none to give): once the schedule is seen to be as the dispatcher read it, the tick's
+ * delivery is enqueued, under its dedupe key, then next_at moves on while it is still the
+ * tick's. Dispatchers racing for one tick enqueue it once (the
  * second enqueue finds the first's live delivery by its key); a process that dies between the
  * two writes leaves next_at as it was, and the next dispatcher fires the tick again, which its
  * key dedupes while the first delivery is live, and moves next_at on. So
- * no tick is lost; one is enqueued twice only when a dispatcher stalled between reading the
- * schedule and enqueueing for longer than the tick's whole run took elsewhere. */
+ * no tick is lost; one is enqueued twice only when a dispatcher stalled between its check
+ * and its enqueue for longer than the tick's whole run took elsewhere. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,9 @@
 
 typedef struct sched_job {
     mjob j;
-    char *name, *topic, *payload, *cron, *timezone;
+    char *name, *topic, *payload, *cron, *timezone, *key;
     double every, next_at, due;
+    rb_enqueue_item tick;       /* a fire's delivery (its strings the job's) */
     int64_t count;
     rb_rowset *rs;
 } sched_job;
@@ -30,6 +32,7 @@ static void sched_free(sched_job *q)
     free(q->payload);
     free(q->cron);
     free(q->timezone);
+    free(q->key);
     free(q);
 }
 
@@ -262,21 +265,56 @@ static void on_tick_enqueued(void *ud, const char *err, char **ids, const unsign
     mg_submit(q->j.s, &q->j);
 }
 
+/* The schedule as the dispatcher read it (its next_at the tick's, its topic and payload)? */
+static void check_work(mjob *j, mongoc_client_t *c)
+{
+    sched_job *q = (sched_job *)j;
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->schedules);
+    bson_t *sel = BCON_NEW("_id", BCON_UTF8(q->name), "next_at", BCON_DOUBLE(q->due),
+                           "topic", BCON_UTF8(q->topic), "payload", BCON_UTF8(q->payload));
+    int failed = 0;
+    bson_t *doc = mg_find_one(j, cl, sel, NULL, &failed);
+    q->count = doc != NULL;
+    if (doc) bson_destroy(doc);
+    bson_destroy(sel);
+    mongoc_collection_destroy(cl);
+}
+
+/* Still due: the enqueue, then the move of next_at (advance_work); else nothing to fire. */
+static void check_done(mjob *j, const char *err)
+{
+    sched_job *q = (sched_job *)j;
+    if (err || !q->count || j->s->closing) {
+        count_done(j, err ? err : j->s->closing ? MG_STORE_CLOSED : NULL);
+        return;
+    }
+    q->count = 0;
+    j->work = advance_work;
+    j->done = count_done;
+    mg_enqueue(&j->s->base, &q->tick, 1, on_tick_enqueued, q);
+}
+
 void mg_schedule_fire(rb_store *st, const char *name, double due, double next,
                       const rb_enqueue_item *tick, rb_count_cb cb, void *ud)
 {
-    sched_job *q = sched_new((mstore *)st, advance_work, count_done, (rb_store_cb){.count = cb}, ud);
+    sched_job *q = sched_new((mstore *)st, check_work, check_done, (rb_store_cb){.count = cb}, ud);
     if (q) {
         q->name = rb_strdup(name);
         q->topic = rb_strdup(tick->topic);
         q->payload = rb_strdup(tick->payload);
+        q->key = rb_strdup(tick->key);
         q->due = due;
         q->next_at = next;
+        q->tick = *tick;
+        q->tick.topic = q->topic;
+        q->tick.payload = q->payload;
+        q->tick.key = q->key;
+        q->tick.group = NULL;
     }
-    if (!q || !q->name || !q->topic || !q->payload) {
+    if (!q || !q->name || !q->topic || !q->payload || !q->key) {
         if (q) sched_free(q);
         cb(ud, MG_OOM, 0);
         return;
     }
-    mg_enqueue(st, tick, 1, on_tick_enqueued, q);
+    mg_submit((mstore *)st, &q->j);
 }
