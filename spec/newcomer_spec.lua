@@ -56,7 +56,7 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
   end)
 
   it("the docs hold every program this spec runs", function()
-    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "embed.sh" } do
+    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "schedules.lua", "embed.sh" } do
       assert.is_string(files[name], name .. " is not in the docs")
     end
   end)
@@ -148,6 +148,27 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
     assert.same({ "opened", "paid", "closed" }, seen.ada, out)
     assert.same({ "opened", "closed" }, seen.bob, out)
     assert.truthy(err:find("the ledger is busy", 1, true), err)
+  end)
+
+  it("the schedules example fires three heartbeats a second apart, and lists the nightly report", function()
+    local dir = S.tmpdir() .. "/" .. S.unique("schedules")
+    os.execute("mkdir -p " .. S.quote(dir))
+    S.write(dir .. "/schedules.lua", files["schedules.lua"])
+    local rc, out, err = sh("relaybus run schedules.lua", nil, dir)
+    assert.equal(0, rc, err)
+    local ticks = {}
+    for h, m, sec in out:gmatch("beat%s+heartbeat@%d+%-%d+%-%d+T(%d+):(%d+):([%d.]+)Z\n") do
+      ticks[#ticks + 1] = tonumber(h) * 3600 + tonumber(m) * 60 + tonumber(sec)
+    end
+    assert.equal(3, #ticks, out)
+    for i = 2, 3 do
+      local gap = (ticks[i] - ticks[i - 1]) % 86400
+      assert.is_true(math.abs(gap - 1) < 0.01, out)
+    end
+    rc, out, err = sh("relaybus schedules --store sqlite:schedules.db", nil, dir)
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("nightly%-report%s+report%.build%s+cron 0 3 %* %* %* %(Europe/Berlin%)%s+%d+%-%d+%-%d+ 0[12]:00:00"), out)
+    assert.is_nil(out:find("heartbeat", 1, true), out)
   end)
 
   it("the embedding commands build and run a host, shared and static, from a fresh prefix", function()

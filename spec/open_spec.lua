@@ -44,7 +44,7 @@ local function runs_both(store, ids)
 end
 
 -- The current schema versions.
-local PG_VERSION, SQLITE_VERSION = 11, 5
+local PG_VERSION, SQLITE_VERSION = 12, 6
 
 -- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of
 -- schemas 3 to 5 (what an older relaybus calls; since 7 both are wrappers of the first).
@@ -501,6 +501,25 @@ describe("opening a store", function()
           end
         end)
 
+        it("sqlite: a file of schema version 5 is refused without migrate and migrated by open: schedules fire", function()
+          local path = S.tmpfile("v5") .. ".db"
+          local store = assert(relaybus.open("sqlite:" .. path))
+          store:close()
+          sqlite_cli(path, "DROP TABLE relaybus_deliveries_schedules; UPDATE relaybus_schema SET version = 5")
+          local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("outdated (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open("sqlite:" .. path))
+          assert.equal(tostring(SQLITE_VERSION), (sqlite_cli(path, "SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+          assert(store:schedule("s", { every = 1, topic = "tick" }))
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          d:handle("tick", function() stop() end)
+          assert.is_true((H.run(d, 10)))
+          assert.equal(1, #assert(store:list { topic = "tick" }))
+          store:close()
+        end)
+
         it("sqlite: a file of schema version 3 is refused without migrate and brought to the current by open: cancelled, progress and errors", function()
           local path = S.tmpfile("v3") .. ".db"
           local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
@@ -747,6 +766,26 @@ print("RAN " .. table.concat(ran, ","))
           assert.equal(0, claim(", true, true"))        -- the slots free: no wait
           holder:close()
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
+          store:close()
+        end)
+
+        it("postgresql: a table of schema version 11 is refused without migrate and migrated by open: schedules fire", function()
+          local url = entry.url()
+          local t = S.unique("v12")
+          local store = assert(relaybus.open(url, { table = t }))
+          exec_all(store, 'DROP TABLE "' .. t .. '_schedules"',
+            "UPDATE relaybus_schema SET version = 11 WHERE table_name = '" .. t .. "'")
+          store:close()
+          local s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("version 11, this relaybus needs " .. PG_VERSION .. " (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open(url, { table = t }))
+          assert(store:schedule("s", { every = 1, topic = "tick" }))
+          local d = H.dispatcher(store)
+          local stop = H.stopper(d)
+          d:handle("tick", function() stop() end)
+          assert.is_true((H.run(d, 10)))
+          assert.equal(1, #assert(store:list { topic = "tick" }))
           store:close()
         end)
 
