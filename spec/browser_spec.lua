@@ -46,6 +46,8 @@ describe("the dashboard in a browser", function()
       assert.same({ "overview", "filtered", "opened", "kicked", "cancelled", "kicked topic", "permalink" }, r.steps)
       assert.same({ { "pending", "5" }, { "processing", "1" }, { "completed", "24" }, { "buried", "3" } }, r.counts)
       assert.is_true(r.xss_text, "the XSS topic shows as text")
+      assert.same({ { "<b>nightly</b>", "reports.nightly", "cron 0 3 * * * (Europe/Berlin)" },
+                    { "heartbeat", "ops.heartbeat", "every 1 h" } }, r.schedules)
       assert.equal(0, r.images, "no element was made from data")
       assert.same({}, r.dialogs, "no script from data ran")
       assert.same({}, r.external, "nothing fetched from elsewhere")

@@ -91,6 +91,21 @@ for _, entry in ipairs(S.list()) do
         local s4, _, none = call("GET", "/api/deliveries/999999999")
         assert.equal(404, s4)
         assert.equal("no such delivery", none.error)
+        -- the schedules, as store:schedules() gives them
+        local s5, _, sc = call("GET", "/api/schedules")
+        assert.equal(200, s5)
+        assert.same({}, sc.schedules)
+        assert(store:schedule(D.XSS, { cron = "0 3 * * *", timezone = "Europe/Berlin", topic = "t", payload = { a = { 1, 2 } } }))
+        local _, _, sc2 = call("GET", "/api/schedules")
+        assert.equal(1, #sc2.schedules)
+        local one_sc = sc2.schedules[1]
+        assert.equal(D.XSS, one_sc.name)
+        assert.equal("0 3 * * *", one_sc.cron)
+        assert.equal("Europe/Berlin", one_sc.timezone)
+        assert.same({ a = { 1, 2 } }, relaybus.json.decode(one_sc.payload))
+        assert.equal(assert(store:schedules())[1].next_at, one_sc.next_at)
+        assert.is_nil(one_sc.every)
+        assert.equal(405, (call("POST", "/api/schedules")))
       end)
     end)
 

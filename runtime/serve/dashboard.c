@@ -581,6 +581,39 @@ static void on_kick_all(void *ud, const char *err, int64_t n) { on_count(ud, err
 static void on_bury(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not pending or processing (or no such delivery)"); }
 static void on_remove(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not completed, buried or cancelled (or no such delivery)"); }
 
+/* /api/schedules: the store's schedules, as store:schedules() gives them (columns of
+ * vt->schedules) */
+static json_t *row_value(const rb_value *v)
+{
+    switch (v->type) {
+    case RB_VTEXT: return jtext(v->s);
+    case RB_VFLOAT: return isfinite(v->f) ? json_real(v->f) : json_null();
+    case RB_VINT: return json_integer((json_int_t)v->i);
+    default: return json_null();
+    }
+}
+
+static void on_schedules(void *ud, const char *err, rb_rowset *rs)
+{
+    req *r = ud;
+    if (!op_back(r)) { rb_rowset_free(rs); return; }
+    if (err) { respond_error(r, 502, err); rb_rowset_free(rs); req_done(r); return; }
+    json_t *a = json_array();
+    for (size_t i = 0; a && rs && i < rs->nrows; i++) {
+        const rb_value *v = &rs->vals[i * (size_t)rs->ncols];
+        json_t *o = json_object();
+        for (int c = 0; o && c < rs->ncols; c++) {
+            if (v[c].type == RB_VNULL) continue;
+            /* (the payload as its JSON text, as a delivery's is given) */
+            json_object_set_new(o, rs->names[c], row_value(&v[c]));
+        }
+        if (o) json_array_append_new(a, o);
+    }
+    rb_rowset_free(rs);
+    respond_json(r, 200, json_pack("{s:o}", "schedules", a ? a : json_array()));
+    req_done(r);
+}
+
 /* ---- routing ---------------------------------------------------------------------------- */
 static const char *arg(req *r, const char *name)
 {
@@ -672,6 +705,13 @@ static void route(req *r, const char *method, const char *url)
     if (!strcmp(url, "/api/deliveries")) {
         if (!get) { r->allow = "GET, HEAD"; respond_error(r, 405, "method not allowed"); return; }
         get_list(r);
+        return;
+    }
+    if (!strcmp(url, "/api/schedules")) {
+        if (!get) { r->allow = "GET, HEAD"; respond_error(r, 405, "method not allowed"); return; }
+        if (!d->store->vt->schedules) { not_supported(r); return; }
+        if (!op_start(r)) return;
+        d->store->vt->schedules(d->store, on_schedules, r);
         return;
     }
     if (!strcmp(url, "/api/deliveries/kick")) {

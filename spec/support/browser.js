@@ -27,6 +27,9 @@ const errors = [];      // scripts' errors on the pages, reported with a failure
       .map((k) => [k, document.getElementById('n-' + k).textContent]));
     result.xss_text = await page.evaluate(() => Array.from(document.querySelectorAll('#topics td'))
       .some((td) => td.textContent === '<img src=x onerror=alert(1)>'));
+    await page.waitForFunction(() => document.querySelectorAll('#schedules tr').length === 2);
+    result.schedules = await page.evaluate(() => Array.from(document.querySelectorAll('#schedules tr'))
+      .map((tr) => Array.from(tr.children).slice(0, 3).map((td) => td.textContent)));
     result.images = await page.evaluate(() => document.querySelectorAll('img').length);
     await page.waitForTimeout(2500);         // a few refreshes for the chart
     await page.screenshot({ path: outdir + '/dashboard.png', fullPage: true });

@@ -17,6 +17,8 @@ end
 for i = 1, 4 do store:enqueue("email.send", { n = i }, { delay = 3600 }) end
 store:enqueue("<img src=x onerror=alert(1)>", { note = "<script>alert(2)</script>" }, { delay = 3600 })
 store:enqueue("reports.slow", { report = "monthly" })
+assert(store:schedule("<b>nightly</b>", { cron = "0 3 * * *", timezone = "Europe/Berlin", topic = "reports.nightly" }))
+assert(store:schedule("heartbeat", { every = 3600, topic = "ops.heartbeat" }))
 for _, t in ipairs(topics) do d:handle(t, function() relaybus.sleep(0.01) end) end
 -- Burials by a dispatcher of their own, stopped once they are buried: a kicked one stays pending.
 local d2 = relaybus.dispatcher(store, { poll_interval = 0.1, shutdown_timeout = 1 })

@@ -294,9 +294,37 @@
     act('POST', path, what);
   });
 
+  // ---- schedules ------------------------------------------------------------------------------
+  function fmtEvery(s) {
+    if (typeof s !== 'number') return '–';
+    if (s < 60) return s + ' s';
+    if (s < 3600) return Math.floor(s / 60) + ' min' + (s % 60 ? ' ' + (s % 60) + ' s' : '');
+    return (s / 3600).toFixed(s % 3600 ? 1 : 0) + ' h';
+  }
+  function refreshSchedules() {
+    return api('GET', '/api/schedules').then(function (r) {
+      var tb = $('schedules');
+      clear(tb);
+      var list = r.status === 200 ? r.body.schedules || [] : [];
+      $('schedules-none').textContent = r.status === 200 ? 'none'
+        : 'schedules: ' + (r.body.error || r.status);
+      $('schedules-none').hidden = list.length > 0;
+      list.forEach(function (sc) {
+        var tr = el('tr');
+        tr.appendChild(el('td', sc.name));
+        tr.appendChild(el('td', sc.topic));
+        tr.appendChild(el('td', sc.cron ? 'cron ' + sc.cron + (sc.timezone ? ' (' + sc.timezone + ')' : '')
+                                        : 'every ' + fmtEvery(sc.every)));
+        tr.appendChild(el('td', fmtTime(sc.next_at)));
+        tr.appendChild(el('td', fmtTime(sc.fired_at)));
+        tb.appendChild(tr);
+      });
+    }).catch(function (e) { $('schedules-none').textContent = 'schedules: ' + e; });
+  }
+
   // ---- refresh --------------------------------------------------------------------------------
   function tick() {
-    if ($('auto').checked && !document.hidden) { refreshStats(); refreshList(); }
+    if ($('auto').checked && !document.hidden) { refreshStats(); refreshList(); refreshSchedules(); }
   }
   $('open-id').addEventListener('submit', function (ev) {
     ev.preventDefault();
@@ -310,6 +338,6 @@
     if (id) openDelivery(id, true);
   }
   window.addEventListener('hashchange', openFromHash);
-  refreshStats(); refreshList(); openFromHash();
+  refreshStats(); refreshList(); refreshSchedules(); openFromHash();
   setInterval(tick, 2000);
 })();
