@@ -108,6 +108,10 @@ void rb_push_record(lua_State *L, rb_module *m, const rb_delivery *d)
     if (d->lease_expires_at > 0) set_num(L, "lease_expires_at", d->lease_expires_at);
     set_str(L, "last_error", d->last_error);
     if (d->settled_at > 0) set_num(L, "settled_at", d->settled_at);
+    if (d->waiting > 0) {
+        lua_pushinteger(L, d->waiting);
+        lua_setfield(L, -2, "waiting");
+    }
     set_json(L, "progress", d->progress);
     set_json(L, "errors", d->errors);
     if (d->payload) {
@@ -291,7 +295,46 @@ static void on_done(void *ud, const char *err)
 
 /* ---- building enqueue items ----------------------------------------------------------------- */
 static const char *const enqueue_opts[] = {"delay", "run_at", "max_attempts", "key", "group",
-                                           "replace", NULL};
+                                           "replace", "after", NULL};
+
+/* opts.after (on the stack at -1): a list of delivery ids (strings, or integers) into
+ * it->after; the array is a userdata left on the stack, whose user value keeps the texts of
+ * the integers. */
+static void read_after(lua_State *L, rb_enqueue_item *it, const char *what)
+{
+    if (lua_isnil(L, -1)) return;
+    if (!lua_istable(L, -1)) rb_misuse(L, "%s: after must be a list of delivery ids", what);
+    int list = lua_gettop(L);
+    size_t n = lua_rawlen(L, list);
+    if (n > RB_AFTER_MAX) rb_misuse(L, "%s: after names more than %d deliveries", what, RB_AFTER_MAX);
+    const char **ids = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ids, 1);
+    lua_createtable(L, 0, 0);           /* the texts of integer ids */
+    lua_setiuservalue(L, -2, 1);
+    for (size_t i = 0; i < n; i++) {
+        int type = lua_rawgeti(L, list, (lua_Integer)i + 1);
+        if (type == LUA_TNUMBER && lua_isinteger(L, -1)) {
+            lua_getiuservalue(L, list + 1, 1);
+            lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, -2));
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+            lua_rawgeti(L, -1, (lua_Integer)i + 1);
+            ids[i] = lua_tostring(L, -1);           /* kept by the user value's table */
+            lua_pop(L, 3);
+            continue;
+        }
+        if (type != LUA_TSTRING || strlen(lua_tostring(L, -1)) != lua_rawlen(L, -1) ||
+            lua_rawlen(L, -1) == 0)
+            rb_misuse(L, "%s: after must be a list of delivery ids (item %d is not one)", what,
+                      (int)i + 1);
+        ids[i] = lua_tostring(L, -1);               /* kept by the list */
+        lua_pop(L, 1);
+    }
+    lua_rawgeti(L, list, (lua_Integer)n + 1);
+    int holey = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (holey) rb_misuse(L, "%s: after must be a list of delivery ids (a sequence)", what);
+    it->after = n ? ids : NULL;
+    it->nafter = n;
+}
 
 /* A Lua string payload is stored as a JSON string (docs/lua.md, enqueue); one that looks like
  * JSON text was most likely meant as that, so say once per process where the way is. */
@@ -359,6 +402,10 @@ static void read_item(lua_State *L, int ti, int pi, int oi, rb_enqueue_item *it,
             rb_misuse(L, "%s: replace must be a boolean", what);
         it->replace = lua_toboolean(L, -1);
         if (it->replace && !it->key) rb_misuse(L, "%s: replace needs a key", what);
+        lua_getfield(L, oi, "after");
+        read_after(L, it, what);
+        if (it->nafter && it->group) rb_misuse(L, "%s: after does not go with group yet", what);
+        if (it->nafter && it->replace) rb_misuse(L, "%s: after does not go with replace", what);
         /* the key, group and payload strings stay on the stack until the call ends */
     }
 }

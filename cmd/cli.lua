@@ -300,6 +300,8 @@ Options:
   --replace         with --key: a pending delivery of TOPIC with key K gets JSON and the
                     options and keeps its id; a running one is left as it is (said on stderr)
   --group G         ordered group: deliveries of group G run one at a time, in order
+  --after ID[,ID]   due only once these deliveries completed; cancelled when one of them
+                    is buried or cancelled
   --max-attempts N  bury after N attempts (default 25)
 ]] .. STORE_HELP
 
@@ -484,7 +486,7 @@ local COMMON = { store = "store", table = "table", help = "flag" }
 local SPECS = {
   run = { options = { store = "store", help = "flag" }, stop_at_positional = true },
   enqueue = { options = { delay = "seconds", key = "string", group = "string",
-                          replace = "flag", ["max-attempts"] = "count" } },
+                          replace = "flag", ["max-attempts"] = "count", after = "string" } },
   stats = { options = { json = "flag", topics = "flag" } },
   list = { options = { status = "string", topic = "string", limit = "count", json = "flag",
                        ["topic-prefix"] = "string", key = "string", error = "string" } },
@@ -888,8 +890,17 @@ end
 
 function commands.enqueue(c)
   if c.opts.replace and not c.opts.key then usage("enqueue: --replace needs --key") end
+  local after
+  if c.opts.after then
+    after = {}
+    for id in (c.opts.after .. ","):gmatch("([^,]*),") do
+      if id == "" then usage("enqueue: --after takes ids separated by commas, got '%s'", show_arg(c.opts.after)) end
+      after[#after + 1] = id
+    end
+  end
   local eopts = { delay = c.opts.delay, key = c.opts.key, group = c.opts.group,
-                  replace = c.opts.replace or nil, max_attempts = c.opts["max-attempts"] }
+                  replace = c.opts.replace or nil, max_attempts = c.opts["max-attempts"],
+                  after = after }
   local store = open_store(c, true)
   local id, made = call(c, store, "enqueue_json", c.topic, c.text, eopts)
   io.stdout:write(show(id), "\n")
@@ -944,7 +955,9 @@ end
 
 -- When a delivery runs (pending) or its lease ends (processing), from now.
 local function fmt_due(d, now)
-  if d.status == "pending" then
+  if d.status == "pending" and d.waiting then
+    return "after " .. fmt_int(d.waiting) .. (d.waiting == 1 and " dependency" or " dependencies")
+  elseif d.status == "pending" then
     local wait = (tonumber(d.run_at) or now) - now
     return wait > 0 and ("in " .. fmt_duration(wait)) or "now"
   elseif d.status == "processing" then

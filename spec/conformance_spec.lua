@@ -1402,6 +1402,182 @@ for _, entry in ipairs(S.list { dialects = true }) do
       end)
     end)
 
+    describe("dependencies (after)", function()
+      if entry.kind == "mongodb" then
+        it("after is refused in one line and nothing is written (not supported on MongoDB yet)", function()
+          local a = assert(store:enqueue("dp.m", 1))
+          local id, err = store:enqueue("dp.m", 2, { after = { a } })
+          assert.is_nil(id)
+          H.one_line(err)
+          assert.truthy(err:find("after (dependencies) is not supported", 1, true), err)
+          assert.equal(1, total(store))
+        end)
+        return
+      end
+
+      -- Runs every due delivery of the topics until `n` runs settled; fail(delivery) says
+      -- whether a run raises. Returns the topics' payload.n in the order their runs started.
+      local function run_all(topics, n, fail)
+        local order, settled = {}, 0
+        local d = H.dispatcher(store, { concurrency = 8 })
+        local stop = H.stopper(d)
+        for _, t in ipairs(topics) do
+          d:handle(t, function(del, ctx)
+            order[#order + 1] = del.payload.n
+            ctx:sleep(0.02)
+            settled = settled + 1
+            if settled >= n then stop() end
+            if fail and fail(del) then error("failed on purpose") end
+          end)
+        end
+        assert.is_true((H.run(d, 15)))
+        return order
+      end
+
+      it("a chain and a fan-in run in order; a held delivery is pending, not due, and says how many it waits for", function()
+        local a = assert(store:enqueue("dp.t", { n = 1 }))
+        local b = assert(store:enqueue("dp.t", { n = 2 }))
+        local c = assert(store:enqueue("dp.t", { n = 3 }, { after = { a, b, a } }))    -- a twice: once
+        local d = assert(store:enqueue("dp.t", { n = 4 }, { after = { c } }))
+        local t0 = relaybus.time()
+        local rc = expect(store, c, { status = "pending", waiting = 2, attempts = 0 })
+        H.near(t0, rc.run_at, 3, "the held one's own run_at")
+        expect(store, d, { waiting = 1 })
+        local st = assert(store:stats())
+        assert.equal(4, st.pending)
+        assert.equal(2, st.due)
+        local order = run_all({ "dp.t" }, 4)
+        assert.equal(4, #order)
+        assert.same({ 3, 4 }, { order[3], order[4] })
+        for _, id in ipairs { a, b, c, d } do expect(store, id, { status = "completed", waiting = NONE }) end
+      end)
+
+      it("a buried or cancelled dependency cancels the deliveries after it, and theirs, with the reason", function()
+        local x = assert(store:enqueue("dp.f", { n = 1 }, { max_attempts = 1 }))
+        local y = assert(store:enqueue("dp.f", { n = 2 }, { after = { x } }))
+        local z = assert(store:enqueue("dp.f", { n = 3 }, { after = { y } }))
+        local other = assert(store:enqueue("dp.f", { n = 4 }))
+        local w = assert(store:enqueue("dp.f", { n = 5 }, { after = { other, x } }))
+        local order = run_all({ "dp.f" }, 2, function(del) return del.payload.n == 1 end)
+        table.sort(order)
+        assert.same({ 1, 4 }, order)
+        expect(store, x, { status = "buried" })
+        expect(store, y, { status = "cancelled", last_error = "dependency " .. x .. " was buried" })
+        expect(store, z, { status = "cancelled", last_error = "dependency " .. y .. " was cancelled" })
+        local rw = expect(store, w, { status = "cancelled", last_error = "dependency " .. x .. " was buried" })
+        assert.is_number(rw.settled_at)
+        -- store:cancel of a dependency, and a dependency buried by hand (bury from the dashboard)
+        local p = assert(store:enqueue("dp.g", { n = 1 }, { delay = 3600 }))
+        local q = assert(store:enqueue("dp.g", { n = 2 }, { after = { p } }))
+        assert.is_true(store:cancel(p))
+        expect(store, q, { status = "cancelled", last_error = "dependency " .. p .. " was cancelled" })
+        -- already settled when enqueued: completed ones count as done, a buried one cancels it
+        local late = assert(store:enqueue("dp.g", { n = 3 }, { after = { other } }))
+        expect(store, late, { status = "pending", waiting = NONE })
+        local dead = assert(store:enqueue("dp.g", { n = 4 }, { after = { other, x } }))
+        expect(store, dead, { status = "cancelled", last_error = "dependency " .. x .. " was buried" })
+        -- a kick of a cancelled one runs it, whatever its dependencies
+        assert.equal(1, store:kick(q))
+        expect(store, q, { status = "pending", waiting = NONE })
+      end)
+
+      it("a retried dependency keeps the ones after it waiting until it completes", function()
+        local a = assert(store:enqueue("dp.r", { n = 1 }))
+        local b = assert(store:enqueue("dp.r", { n = 2 }, { after = { a } }))
+        local tries = 0
+        local order = run_all({ "dp.r" }, 3, function(del)
+          if del.payload.n == 1 then tries = tries + 1 return tries == 1 end
+        end)
+        assert.same({ 1, 1, 2 }, order)
+        expect(store, a, { status = "completed", attempts = 2 })
+        expect(store, b, { status = "completed" })
+      end)
+
+      it("an id that is no delivery fails the enqueue, all of enqueue_many with it; misuse is named", function()
+        local a = assert(store:enqueue("dp.e", 1))
+        local before = total(store)
+        for _, bad in ipairs { "999999999", "0", "-1", "abc", "1e3", " " .. a, "99999999999999999999999" } do
+          local id, err = store:enqueue("dp.e", 2, { after = { a, bad } })
+          assert.is_nil(id, bad)
+          H.one_line(err)
+          assert.truthy(err:find("after", 1, true), err)
+        end
+        local ids, err = store:enqueue_many { { "dp.e", 3 }, { "dp.e", 4, { after = { "999999999" } } } }
+        assert.is_nil(ids)
+        assert.truthy(err:find("no delivery 999999999", 1, true), err)
+        assert.equal(before, total(store))
+        local big = {}
+        for i = 1, 1001 do big[i] = a end
+        for _, case in ipairs {
+          { { after = a }, "list of delivery ids" }, { { after = { {} } }, "item 1" },
+          { { after = { a, nil, a } }, "list of delivery ids" }, { { after = { "" } }, "item 1" },
+          { { after = { 1.5 } }, "item 1" }, { { after = big }, "more than 1000" },
+          { { after = { a .. "\0" } }, "item 1" },
+          { { after = { a }, group = "g" }, "group" }, { { after = { a }, key = "k", replace = true }, "replace" },
+        } do
+          local ok, e = pcall(store.enqueue, store, "dp.e", 5, case[1])
+          assert.is_false(ok)
+          H.one_line(tostring(e))
+          assert.truthy(tostring(e):find(case[2], 1, true), tostring(e))
+        end
+        assert.equal(before, total(store))
+        -- integers name ids too; an empty list is no dependency
+        local n = assert(store:enqueue("dp.e", 6, { after = { tonumber(a) } }))
+        expect(store, n, { waiting = 1 })
+        local free = assert(store:enqueue("dp.e", 7, { after = {} }))
+        expect(store, free, { waiting = NONE })
+      end)
+
+      it("tx:enqueue holds behind a dependency at commit; a rollback leaves nothing; a completion by hand releases", function()
+        local a = assert(store:enqueue("dp.x", { n = 1 }, { delay = 3600 }))
+        local b
+        assert(store:transaction(function(tx)
+          b = assert(tx:enqueue("dp.x", { n = 2 }, { after = { a } }))
+        end))
+        expect(store, b, { waiting = 1 })
+        local ok = store:transaction(function(tx)
+          assert(tx:enqueue("dp.x", { n = 3 }, { after = { a } }))
+          error("roll back")
+        end)
+        assert.is_falsy(ok)
+        assert.equal(2, total(store))
+        assert(store:transaction(function(tx)
+          assert(tx:exec("UPDATE " .. tbl .. " SET status = 'completed', settled_at = created_at WHERE id = " .. a))
+        end))
+        expect(store, b, { status = "pending", waiting = NONE })
+        assert.equal(1, assert(store:stats()).due)
+      end)
+
+      it("enqueues after a dependency racing its completion: each runs once, after it, none left held", function()
+        local d = H.dispatcher(store, { concurrency = 8 })
+        local stop = H.stopper(d)
+        local done, ran, firsts = 0, {}, {}
+        local ROUNDS = 20
+        d:handle("dp.first", function(del) firsts[del.id] = relaybus.now() end)
+        d:handle("dp.then", function(del)
+          ran[#ran + 1] = del
+          done = done + 1
+          if done == ROUNDS then stop() end
+        end)
+        d:start()
+        for i = 1, ROUNDS do
+          local a = assert(store:enqueue("dp.first", { n = i }))
+          relaybus.sleep(i % 3 == 0 and 0.01 or 0)
+          assert(store:enqueue("dp.then", { n = i, after = a }, { after = { a } }))
+        end
+        relaybus.run()
+        assert.equal(ROUNDS, #ran)
+        local seen = {}
+        for _, del in ipairs(ran) do
+          assert.is_nil(seen[del.payload.n])
+          seen[del.payload.n] = true
+          assert.is_number(firsts[del.payload.after], "ran before its dependency")
+        end
+        local st = assert(store:stats())
+        assert.equal(0, st.pending)
+      end)
+    end)
+
     describe("replace by key", function()
       if entry.kind == "mongodb" then
         it("replace is refused in one line and nothing is written (not supported on MongoDB yet)", function()

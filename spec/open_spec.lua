@@ -44,7 +44,8 @@ local function runs_both(store, ids)
 end
 
 -- The current schema versions.
-local PG_VERSION, SQLITE_VERSION = 12, 6
+local PG_VERSION, SQLITE_VERSION = 13, 7
+local UNDO_SQLITE_7
 
 -- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of
 -- schemas 3 to 5 (what an older relaybus calls; since 7 both are wrappers of the first).
@@ -458,6 +459,12 @@ describe("opening a store", function()
         local function check_of(path)
           return sqlite_cli(path, "SELECT sql FROM sqlite_master WHERE name = 'relaybus_deliveries'"):match("CHECK %b()")
         end
+        -- What migration 7 (dependencies) made, undone: the triggers first (they name the columns).
+        UNDO_SQLITE_7 = "DROP TRIGGER relaybus_deliveries_dep_done; DROP TRIGGER relaybus_deliveries_dep_failed;"
+          .. " DROP TABLE relaybus_deliveries_deps; ALTER TABLE relaybus_deliveries DROP COLUMN waiting;"
+          .. " ALTER TABLE relaybus_deliveries DROP COLUMN held_run_at;"
+          .. " ALTER TABLE relaybus_deliveries DROP COLUMN has_dependents;"
+
         -- A file made by this relaybus, its CHECK then put back as an older one wrote it.
         local function file_with_old_check(path, items, old_check)
           local store = assert(relaybus.open("sqlite:" .. path))
@@ -505,7 +512,7 @@ describe("opening a store", function()
           local path = S.tmpfile("v5") .. ".db"
           local store = assert(relaybus.open("sqlite:" .. path))
           store:close()
-          sqlite_cli(path, "DROP TABLE relaybus_deliveries_schedules; UPDATE relaybus_schema SET version = 5")
+          sqlite_cli(path, UNDO_SQLITE_7 .. " DROP TABLE relaybus_deliveries_schedules; UPDATE relaybus_schema SET version = 5")
           local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
           assert.is_nil(s)
           assert.truthy(err:find("outdated (run relaybus migrate)", 1, true), err)
@@ -523,7 +530,8 @@ describe("opening a store", function()
         it("sqlite: a file of schema version 3 is refused without migrate and brought to the current by open: cancelled, progress and errors", function()
           local path = S.tmpfile("v3") .. ".db"
           local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
-          sqlite_cli(path, "DROP INDEX relaybus_deliveries_group; DROP INDEX relaybus_deliveries_group_running;"
+          sqlite_cli(path, UNDO_SQLITE_7 .. " DROP TABLE relaybus_deliveries_schedules;"
+            .. " DROP INDEX relaybus_deliveries_group; DROP INDEX relaybus_deliveries_group_running;"
             .. " DROP INDEX relaybus_deliveries_running; DROP TABLE relaybus_deliveries_starts;"
             .. " ALTER TABLE relaybus_deliveries_topics DROP COLUMN rate_max;"
             .. " ALTER TABLE relaybus_deliveries_topics DROP COLUMN rate_per;"

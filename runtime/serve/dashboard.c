@@ -353,6 +353,7 @@ static json_t *delivery_json(const rb_delivery *dv, int full)
     json_object_set_new(o, "group", jtext(dv->group));
     json_object_set_new(o, "last_error", jtext(dv->last_error));
     json_object_set_new(o, "settled_at", time_or_null(dv->settled_at));
+    json_object_set_new(o, "waiting", json_integer(dv->waiting));
     if (full) {
         /* The payload as stored, as text: the page pretty-prints it; numbers keep every digit. */
         json_object_set_new(o, "payload", jtext(dv->payload));

@@ -34,6 +34,9 @@ typedef struct rb_delivery {
     /* Claims only: monotonic s at which the store began this lease, when it knows it (a store
      * on this host, after waiting for a lock); 0 otherwise. */
     double claimed_at;
+    /* get and list only: how many of its dependencies (after) have not completed yet; it is
+     * held until none is left. 0 when it waits for none. */
+    int waiting;
 } rb_delivery;
 
 /* How many of the last attempts' errors a delivery keeps (rb_delivery.errors). */

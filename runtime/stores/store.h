@@ -59,7 +59,15 @@ typedef struct rb_enqueue_item {
     double run_at;          /* epoch s; 0 = now (+ delay) */
     double delay;           /* s, added to the store's now when run_at == 0 */
     int max_attempts;       /* >= 1 */
+    /* Dependencies (NULL, or nafter ids of this store, at most RB_AFTER_MAX): the delivery is
+     * held (pending, not due) until every one of them completed, then due at its run_at; when
+     * one is buried or cancelled it is cancelled, with "dependency ID was buried" (or
+     * cancelled) as its last_error, and so are the ones after it. An id that is no delivery
+     * fails the enqueue. Not with group or replace. */
+    const char *const *after;
+    size_t nafter;
 } rb_enqueue_item;
+#define RB_AFTER_MAX 1000
 
 /* A topic's limits, across every process: a claim starts a delivery of it only while fewer than
  * `concurrency` of it run under live leases, and while fewer than `rate` of it started in the

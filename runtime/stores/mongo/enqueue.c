@@ -251,6 +251,8 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
             snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
         } else if (items[i].replace) {
             snprintf(err, errlen, "mongodb: replace is not supported on this store yet");
+        } else if (items[i].nafter) {
+            snprintf(err, errlen, "mongodb: after (dependencies) is not supported on this store yet");
         } else if (!payload_check(s, payload, why, sizeof why)) {
             snprintf(err, errlen, "mongodb: payload cannot be stored: %s", why);
             mg_one_line(err, errlen);

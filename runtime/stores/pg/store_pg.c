@@ -213,7 +213,7 @@ enum {
     COL_ID, COL_TOPIC, COL_PAYLOAD, COL_KEY, COL_LAST_ERROR, COL_LEASE_TOKEN, COL_STATUS,
     COL_ATTEMPTS, COL_MAX_ATTEMPTS, COL_FENCE, COL_RUN_AT, COL_CREATED_AT, COL_LEASE_EXPIRES_AT,
     COL_SETTLED, COL_GROUP, CLAIM_COLS,
-    COL_SETTLED_AT = CLAIM_COLS, COL_PROGRESS, COL_ERRORS, RECORD_NCOLS
+    COL_SETTLED_AT = CLAIM_COLS, COL_PROGRESS, COL_ERRORS, COL_WAITING, RECORD_NCOLS
 };
 
 rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
@@ -228,7 +228,10 @@ rb_delivery *rb_pg_row_delivery(const PGresult *r, int i)
                            .errors = history ? val(r, i, COL_ERRORS) : NULL};
     rb_delivery *d = rb_delivery_make(&t);
     if (!d) return NULL;
-    if (history) d->settled_at = time_field(r, i, COL_SETTLED_AT);
+    if (history) {
+        d->settled_at = time_field(r, i, COL_SETTLED_AT);
+        d->waiting = int_field(r, i, COL_WAITING);
+    }
     int st = rb_status_parse(val(r, i, COL_STATUS));
     d->status = st < 0 ? RB_PENDING : (rb_status)st;
     d->attempts = int_field(r, i, COL_ATTEMPTS);
@@ -400,17 +403,43 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n, int
         sb_sep(&replace);
         rb_buf_add(&replace, items[i].replace ? "t" : "f", 1);
     }
-    int ok = pg_op_alloc_params(op, 9);
+    /* dependencies: per item its ids joined by commas (each checked: the cast to bigint
+     * would fail the whole statement on one that is not an id) */
+    int with_after = 0;
+    for (size_t i = 0; i < n; i++) with_after |= items[i].nafter > 0;
+    rb_buf after = {0};
+    for (size_t i = 0; with_after && i < n; i++) {
+        rb_buf ids = {0};
+        for (size_t k = 0; k < items[i].nafter; k++) {
+            if (!rb_decimal_id(items[i].after[k])) {
+                snprintf(op->bad_after, sizeof op->bad_after, "%.40s", items[i].after[k]);
+                rb_buf_free(&ids);
+                rb_buf_free(&after);
+                return 0;
+            }
+            if (k) rb_buf_add(&ids, ",", 1);
+            rb_buf_puts(&ids, items[i].after[k]);
+        }
+        if (ids.failed) { rb_buf_free(&ids); rb_buf_free(&after); return 0; }
+        sb_text(&after, items[i].nafter ? ids.data : NULL);
+        rb_buf_free(&ids);
+    }
+    int ok = pg_op_alloc_params(op, with_after ? 10 : 9);
     char *text = sb_array(&replace);
     if (!text || !ok) { free(text); ok = 0; }
     else op->params[8] = text;
+    if (with_after) {
+        char *list = sb_array(&after);
+        if (!list || !ok) { free(list); ok = 0; }
+        else op->params[9] = list;
+    }
     for (int i = 0; i < 7; i++) {
         char *text = sb_array(&a[i]);
         if (!text || !ok) { free(text); ok = 0; continue; }
         op->params[i] = text;
     }
     ok = ok && pg_op_param(op, 7, hold ? "true" : "false");
-    op->stmt = ST_ENQ;
+    op->stmt = with_after ? ST_ENQ_AFTER : ST_ENQ;
     op->expect = n;
     /* Once the rows are committed the answer must not fail for want of memory: the caller
      * would enqueue them again. */
@@ -447,8 +476,11 @@ pg_op *pg_enqueue_op(pg_store *s, const rb_enqueue_item *items, size_t n, int ho
     pg_op *op = pg_op_new(s, enqueue_done, ud);
     if (op) op->cb.ids = cb;
     if (!op || !enqueue_params(op, items, n, hold)) {
+        char msg[120] = "postgresql: out of memory";
+        if (op && op->bad_after[0])
+            snprintf(msg, sizeof msg, "postgresql: after: '%s' is no id of this store", op->bad_after);
         pg_op_free(op);
-        cb(ud, "postgresql: out of memory", NULL, NULL, 0);
+        cb(ud, msg, NULL, NULL, 0);
         return NULL;
     }
     return op;

@@ -54,6 +54,7 @@ struct pg_op {
     int phase;
     char *saved_err;
     size_t expect;              /* enqueue: ids expected */
+    char bad_after[48];         /* enqueue: a dependency that is no id (the op is not sent) */
     char **ids;                 /* enqueue: room for them, made before the statement is sent */
     unsigned char *kept;        /* enqueue: the kept flags, in the block of ids (after them) */
     /* claim: when it was made, and the listener's epoch then if it was listening (else 0):

@@ -26,7 +26,8 @@
  * c_settled (a record has NULL there), as in the claim's rows; the history follows. A held
  * delivery (schema 11, ENQ_GROUPED) shows the run_at it will get back. */
 #define RECORD_COLS COLS_OF("coalesce(held_run_at, run_at)") ", NULL::integer, group_name," \
-    " coalesce(date_part('epoch', settled_at), 0), progress::text, errors::text"
+    " coalesce(date_part('epoch', settled_at), 0), progress::text, errors::text," \
+    " coalesce(waiting, 0)"
 #define LIVE "status IN ('pending', 'processing')"
 
 /* The fenced writes of a settle batch inside "@T_claim", from its five arrays of one length:
@@ -394,6 +395,69 @@
     "CREATE TRIGGER \"@T_group_gone\" AFTER DELETE ON \"@T\" FOR EACH ROW" \
     " WHEN (OLD.group_name IS NOT NULL AND OLD." LIVE ") EXECUTE FUNCTION \"@T_group_next\"();\n"
 
+/* Dependencies (schema 13). "@T_depend" gives a delivery just enqueued (p_id) its
+ * dependencies: it locks them (in id order, so enqueues racing cannot deadlock; a settle of
+ * one waits for the enqueue's commit, so the trigger below sees its rows), fails on an id that
+ * is no delivery, cancels the new one when one was buried or cancelled, and otherwise holds it
+ * behind the live ones (run_at 'infinity', its own in held_run_at, `waiting` their count), one
+ * row of "@T_deps" each, and marks them (has_dependents). The trigger "@T_dep_settled", which
+ * only rows so marked reach, counts a completed dependency down (the last one gives the
+ * delivery its run_at back, and the NOTIFY trigger wakes the dispatchers), or cancels the
+ * ones after a buried or cancelled one, which fires it again for the ones after those. */
+#define DEPS \
+    "CREATE OR REPLACE FUNCTION \"@T_depend\"(p_id bigint, p_after bigint[]) RETURNS void" \
+    " LANGUAGE plpgsql AS $f$\n" \
+    "DECLARE missing bigint; why text; live bigint[];\n" \
+    "BEGIN\n" \
+    "  IF p_after IS NULL OR cardinality(p_after) = 0 THEN RETURN; END IF;\n" \
+    "  PERFORM 1 FROM \"@T\" WHERE id = ANY(p_after) ORDER BY id FOR NO KEY UPDATE;\n" \
+    "  SELECT x.dep INTO missing FROM unnest(p_after) AS x(dep)\n" \
+    "   WHERE NOT EXISTS (SELECT 1 FROM \"@T\" AS t WHERE t.id = x.dep) LIMIT 1;\n" \
+    "  IF missing IS NOT NULL THEN\n" \
+    "    RAISE EXCEPTION 'after: no delivery %', missing;\n" \
+    "  END IF;\n" \
+    "  SELECT 'dependency ' || t.id || ' was ' || t.status INTO why FROM \"@T\" AS t\n" \
+    "   WHERE t.id = ANY(p_after) AND t.status IN ('buried', 'cancelled') ORDER BY t.id LIMIT 1;\n" \
+    "  IF why IS NOT NULL THEN\n" \
+    "    UPDATE \"@T\" SET status = 'cancelled', settled_at = now(), last_error = why" \
+    " WHERE id = p_id;\n" \
+    "    RETURN;\n" \
+    "  END IF;\n" \
+    "  live := ARRAY(SELECT DISTINCT t.id FROM \"@T\" AS t WHERE t.id = ANY(p_after)" \
+    " AND t." LIVE ");\n" \
+    "  IF cardinality(live) = 0 THEN RETURN; END IF;\n" \
+    "  INSERT INTO \"@T_deps\" (id, dep) SELECT p_id, d FROM unnest(live) AS u(d);\n" \
+    "  UPDATE \"@T\" SET has_dependents = true WHERE id = ANY(live)" \
+    " AND has_dependents IS NOT TRUE;\n" \
+    "  UPDATE \"@T\" SET waiting = cardinality(live), held_run_at = run_at," \
+    " run_at = 'infinity' WHERE id = p_id;\n" \
+    "END\n" \
+    "$f$;\n" \
+    "ALTER FUNCTION \"@T_depend\"(bigint, bigint[]) SET search_path FROM CURRENT;\n" \
+    "CREATE OR REPLACE FUNCTION \"@T_dep_settled\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n" \
+    "BEGIN\n" \
+    "  IF NEW.status = 'completed' THEN\n" \
+    "    UPDATE \"@T\" SET waiting = waiting - 1,\n" \
+    "      run_at = CASE WHEN waiting = 1 THEN held_run_at ELSE run_at END,\n" \
+    "      held_run_at = CASE WHEN waiting = 1 THEN NULL ELSE held_run_at END\n" \
+    "     WHERE id IN (SELECT d.id FROM \"@T_deps\" AS d WHERE d.dep = NEW.id)\n" \
+    "       AND status = 'pending' AND waiting > 0;\n" \
+    "  ELSE\n" \
+    "    UPDATE \"@T\" SET status = 'cancelled', settled_at = now(),\n" \
+    "      last_error = 'dependency ' || NEW.id || ' was ' || NEW.status, waiting = NULL,\n" \
+    "      run_at = coalesce(held_run_at, run_at), held_run_at = NULL\n" \
+    "     WHERE id IN (SELECT d.id FROM \"@T_deps\" AS d WHERE d.dep = NEW.id)\n" \
+    "       AND status = 'pending' AND waiting > 0;\n" \
+    "  END IF;\n" \
+    "  RETURN NULL;\n" \
+    "END\n" \
+    "$f$;\n" \
+    "ALTER FUNCTION \"@T_dep_settled\"() SET search_path FROM CURRENT;\n" \
+    "DROP TRIGGER IF EXISTS \"@T_dep_settled\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_dep_settled\" AFTER UPDATE OF status ON \"@T\" FOR EACH ROW" \
+    " WHEN (OLD.has_dependents AND OLD." LIVE " AND NEW.status IN ('completed', 'buried'," \
+    " 'cancelled')) EXECUTE FUNCTION \"@T_dep_settled\"();\n"
+
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
     "CREATE TABLE IF NOT EXISTS \"@T\" ("
@@ -671,15 +735,31 @@ static const char *const migrations[] = {
     "CREATE TABLE IF NOT EXISTS \"@T_schedules\" (name text PRIMARY KEY, topic text NOT NULL,"
     " payload text NOT NULL, cron text, every float8, timezone text, next_at float8 NOT NULL,"
     " fired_at float8, created_at timestamptz NOT NULL DEFAULT now());\n",
+    /* 13: dependencies (DEPS above); the columns wait for the table's lock as in 10 */
+    "SET LOCAL lock_timeout = '10s';\n"
+    "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS waiting integer,"
+    " ADD COLUMN IF NOT EXISTS has_dependents boolean;\n"
+    "CREATE TABLE IF NOT EXISTS \"@T_deps\" (id bigint NOT NULL, dep bigint NOT NULL);\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_deps_dep\" ON \"@T_deps\" (dep);\n"
+    DEPS,
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
 /* Statements prepared once per connection. */
 const char *const rb_pg_stmt_names[ST_COUNT] = {
-    "rb_enq", "rb_claim", "rb_settle", "rb_get", "rb_lacq", "rb_lext", "rb_lrel"};
+    "rb_enq", "rb_claim", "rb_settle", "rb_get", "rb_lacq", "rb_lext", "rb_lrel", "rb_enq_after"};
 const char *const rb_pg_stmt_templates[ST_COUNT] = {
     [ST_ENQ] = "SELECT c_id::text, c_kept FROM \"@T_enqueue\"($1::text[], $2::text[], $3::text[],"
                " $4::float8[], $5::float8[], $6::integer[], $7::text[], $8::boolean, $9::boolean[])",
+    /* ST_ENQ with dependencies ($10: per item its ids joined by commas, or NULL), given to
+     * each delivery the enqueue made (not to one a key found) */
+    [ST_ENQ_AFTER] = "SELECT e.c_id::text, e.c_kept FROM \"@T_enqueue\"($1::text[], $2::text[],"
+               " $3::text[], $4::float8[], $5::float8[], $6::integer[], $7::text[], $8::boolean,"
+               " $9::boolean[]) WITH ORDINALITY AS e(c_id, c_kept, ord)"
+               " LEFT JOIN LATERAL (SELECT \"@T_depend\"(e.c_id,"
+               "  string_to_array(($10::text[])[e.ord], ',')::bigint[])"
+               "  WHERE NOT e.c_kept AND ($10::text[])[e.ord] IS NOT NULL) AS dep ON true"
+               " ORDER BY e.ord",
     [ST_CLAIM] = "SELECT * FROM \"@T_claim\"($1::text[], $2::bigint, $3::float8, $4::text,"
                  " $5::bigint[], $6::text[], $7::integer[], $8::float8[], $9::text[], true, true)",
     [ST_SETTLE] = "SELECT c_settled, c_lease_expires_at FROM \"@T_claim\"(NULL::text[], 0::bigint,"
@@ -810,7 +890,7 @@ const char rb_pg_sql_stats[] =
  * operator buried it while it ran, when that run's lease ends: the run never outlives it.
  * The lease stays on the pending row until then, so a bury and kick again keep the wait. */
 const char rb_pg_sql_kick[] =
-    "UPDATE \"@T\" AS d SET status = 'pending', attempts = 0, held_run_at = NULL,"
+    "UPDATE \"@T\" AS d SET status = 'pending', attempts = 0, held_run_at = NULL, waiting = NULL,"
     " run_at = greatest(now(), coalesce(d.lease_expires_at, now())), settled_at = NULL,"
     " lease_token = NULL,"
     " lease_expires_at = CASE WHEN d.lease_expires_at > now() THEN d.lease_expires_at END"

@@ -8,7 +8,7 @@
 #pragma GCC visibility push(hidden)
 
 /* The prepared statements, by number: their names and their texts. */
-enum { ST_ENQ, ST_CLAIM, ST_SETTLE, ST_GET, ST_LACQ, ST_LEXT, ST_LREL, ST_COUNT };
+enum { ST_ENQ, ST_CLAIM, ST_SETTLE, ST_GET, ST_LACQ, ST_LEXT, ST_LREL, ST_ENQ_AFTER, ST_COUNT };
 extern const char *const rb_pg_stmt_names[ST_COUNT];
 extern const char *const rb_pg_stmt_templates[ST_COUNT];
 /* The statements run unprepared (one-off parameters or rare). */

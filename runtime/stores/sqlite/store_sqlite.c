@@ -17,6 +17,7 @@
 #include "stores/store.h"
 #include "stores/sqlite/store_sqlite_schema.h"
 #include "util/alloc.h"
+#include "util/check.h"
 #include "util/fifo.h"
 #include "util/timer.h"
 
@@ -297,7 +298,7 @@ static int clamp_int(sqlite3_int64 v) { return v > INT_MAX ? INT_MAX : v < INT_M
 enum {
     COL_ID, COL_TOPIC, COL_PAYLOAD, COL_KEY, COL_STATUS, COL_ATTEMPTS, COL_MAX_ATTEMPTS, COL_FENCE,
     COL_RUN_AT, COL_CREATED_AT, COL_LEASE_TOKEN, COL_LEASE_EXPIRES_AT, COL_LAST_ERROR, COL_GROUP,
-    COL_SETTLED_AT, COL_PROGRESS, COL_ERRORS, RECORD_NCOLS
+    COL_SETTLED_AT, COL_PROGRESS, COL_ERRORS, COL_WAITING, RECORD_NCOLS
 };
 
 /* A row of COLS, or of RECORD_COLS (the history too). */
@@ -316,7 +317,10 @@ static rb_delivery *read_delivery(sqlite3_stmt *st)
                            .errors = history ? col_text(st, COL_ERRORS) : NULL};
     rb_delivery *d = rb_delivery_make(&t);
     if (!d) return NULL;
-    if (history) d->settled_at = sqlite3_column_double(st, COL_SETTLED_AT);
+    if (history) {
+        d->settled_at = sqlite3_column_double(st, COL_SETTLED_AT);
+        d->waiting = clamp_int(sqlite3_column_int64(st, COL_WAITING));
+    }
     const char *status = col_text(st, COL_STATUS);
     int code = rb_status_parse(status);
     d->status = code < 0 ? RB_BURIED : (rb_status)code;
@@ -395,6 +399,69 @@ static int replace_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_
     return rc;
 }
 
+/* A new delivery's dependencies (it->after): held behind the live ones, or cancelled when
+ * one was buried or cancelled; an id that is no delivery fails the enqueue. */
+static int enqueue_after(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_int64 id,
+                         double now)
+{
+    sqlite3_int64 live[RB_AFTER_MAX];
+    size_t nlive = 0;
+    char why[128] = "";
+    int rc = SQLITE_OK;
+    RB_ASSERT(it->nafter <= RB_AFTER_MAX);
+    for (size_t i = 0; rc == SQLITE_OK && i < it->nafter; i++) {
+        sqlite3_int64 dep;
+        if (!parse_id(it->after[i], &dep)) {
+            set_err(j, "sqlite: after: '%.40s' is no id of this store", it->after[i]);
+            return SQLITE_ERROR;
+        }
+        sqlite3_stmt *st;
+        if ((rc = prep(s, j, ST_DEP_STATUS, &st)) != SQLITE_OK) return rc;
+        sqlite3_bind_int64(st, 1, dep);
+        rc = step(s, j, st);
+        char status[16] = "";
+        if (rc == SQLITE_ROW) snprintf(status, sizeof status, "%s", col_text(st, 0) ? col_text(st, 0) : "");
+        sqlite3_reset(st);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rc;
+        rc = SQLITE_OK;
+        if (!status[0]) {
+            set_err(j, "sqlite: after: no delivery %lld", (long long)dep);
+            return SQLITE_ERROR;
+        }
+        if (!strcmp(status, "buried") || !strcmp(status, "cancelled")) {
+            if (!why[0]) snprintf(why, sizeof why, "dependency %lld was %s", (long long)dep, status);
+        } else if (strcmp(status, "completed") != 0) {
+            int seen = 0;
+            for (size_t k = 0; k < nlive; k++) seen |= live[k] == dep;
+            if (!seen) live[nlive++] = dep;
+        }
+    }
+    sqlite3_stmt *st;
+    if (why[0]) {
+        if ((rc = prep(s, j, ST_DEP_CANCEL, &st)) != SQLITE_OK) return rc;
+        sqlite3_bind_int64(st, 1, id);
+        sqlite3_bind_double(st, 2, now);
+        bind_text(st, 3, why);
+        return run_to_done(s, j, st);
+    }
+    if (!nlive) return SQLITE_OK;
+    for (size_t k = 0; rc == SQLITE_OK && k < nlive; k++) {
+        if ((rc = prep(s, j, ST_DEP_ADD, &st)) != SQLITE_OK) return rc;
+        sqlite3_bind_int64(st, 1, id);
+        sqlite3_bind_int64(st, 2, live[k]);
+        if ((rc = run_to_done(s, j, st)) != SQLITE_OK) return rc;
+        if ((rc = prep(s, j, ST_DEP_MARK, &st)) != SQLITE_OK) return rc;
+        sqlite3_bind_int64(st, 1, live[k]);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK && (rc = prep(s, j, ST_DEP_HOLD, &st)) == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, id);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)nlive);
+        rc = run_to_done(s, j, st);
+    }
+    return rc;
+}
+
 /* Adds one item (or finds the live delivery of its key, which a replace changes when it is
  * pending); its id into id, and *kept whether a live one was left as it was. */
 static int enqueue_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, double now, char *id,
@@ -422,6 +489,7 @@ static int enqueue_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, double n
         if ((rc = run_to_done(s, j, st)) != SQLITE_OK) return rc;
         found = sqlite3_last_insert_rowid(s->db);
         j->notify = 1;
+        if (it->nafter && (rc = enqueue_after(s, j, it, found, now)) != SQLITE_OK) return rc;
     }
     snprintf(id, 24, "%lld", (long long)found);
     return SQLITE_OK;
@@ -1767,6 +1835,14 @@ static void keep_items(job *j, const rb_enqueue_item *items, size_t n)
         j->items[i].payload = keep(j, items[i].payload ? items[i].payload : "null");
         j->items[i].key = keep(j, items[i].key);
         j->items[i].group = keep(j, items[i].group);
+        if (items[i].nafter) {
+            /* the list of ids, then each id (keep_n copies bytes; a node's text is aligned as
+             * malloc's memory, past its one pointer) */
+            const char **after = (const char **)keep_n(j, (const char *)items[i].after,
+                                                       items[i].nafter * sizeof *after);
+            for (size_t k = 0; after && k < items[i].nafter; k++) after[k] = keep(j, after[k]);
+            j->items[i].after = after;
+        }
         j->idp[i] = j->idbuf[i];
     }
 }

@@ -15,7 +15,7 @@
 #include "util/alloc.h"
 #include "util/text.h"
 
-#define SCHEMA_VERSION  6
+#define SCHEMA_VERSION  7
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
 
 /* --- schema ----------------------------------------------------------------------------- */
@@ -83,6 +83,36 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "CREATE TABLE IF NOT EXISTS \"{t}_schedules\" ("
     " name TEXT PRIMARY KEY, topic TEXT NOT NULL, payload TEXT NOT NULL, cron TEXT, every REAL,"
     " timezone TEXT, next_at REAL NOT NULL, fired_at REAL, created_at REAL NOT NULL);",
+    /* 7: dependencies. A delivery enqueued after others that are live is held: run_at far
+     * past any time (HELD_RUN_AT), its own in held_run_at, `waiting` the count of them not
+     * completed yet, one row of TABLE_deps per dependency. The triggers count a dependency's
+     * completion down (the last one makes the delivery due), and cancel the deliveries after
+     * one that is buried or cancelled; those cancels fire them again for the deliveries after
+     * those (the connection sets recursive_triggers). has_dependents spares every other
+     * settle the look. */
+    "ALTER TABLE \"{t}\" ADD COLUMN waiting INTEGER;"
+    "ALTER TABLE \"{t}\" ADD COLUMN held_run_at REAL;"
+    "ALTER TABLE \"{t}\" ADD COLUMN has_dependents INTEGER;"
+    "CREATE TABLE IF NOT EXISTS \"{t}_deps\" (id INTEGER NOT NULL, dep INTEGER NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS \"{t}_deps_dep\" ON \"{t}_deps\" (dep);"
+    "CREATE TRIGGER IF NOT EXISTS \"{t}_dep_done\" AFTER UPDATE OF status ON \"{t}\""
+    " WHEN OLD.has_dependents AND OLD.status IN ('pending','processing')"
+    "  AND NEW.status = 'completed' BEGIN"
+    " UPDATE \"{t}\" SET waiting = waiting - 1,"
+    "  run_at = CASE WHEN waiting = 1 THEN held_run_at ELSE run_at END,"
+    "  held_run_at = CASE WHEN waiting = 1 THEN NULL ELSE held_run_at END"
+    "  WHERE id IN (SELECT id FROM \"{t}_deps\" WHERE dep = NEW.id) AND status = 'pending'"
+    "  AND waiting > 0;"
+    " END;"
+    "CREATE TRIGGER IF NOT EXISTS \"{t}_dep_failed\" AFTER UPDATE OF status ON \"{t}\""
+    " WHEN OLD.has_dependents AND OLD.status IN ('pending','processing')"
+    "  AND NEW.status IN ('buried','cancelled') BEGIN"
+    " UPDATE \"{t}\" SET status = 'cancelled', settled_at = NEW.settled_at,"
+    "  last_error = 'dependency ' || NEW.id || ' was ' || NEW.status, waiting = NULL,"
+    "  run_at = held_run_at, held_run_at = NULL"
+    "  WHERE id IN (SELECT id FROM \"{t}_deps\" WHERE dep = NEW.id) AND status = 'pending'"
+    "  AND waiting > 0;"
+    " END;",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
@@ -98,7 +128,7 @@ static const char *const migrations[SCHEMA_VERSION] = {
  * outlives (its deadline comes first). The lease stays on the pending row until then, and the
  * claim waits for it on the boot clock (NO_LIVE_LEASE), so no step of the wall clock that
  * run_at is read on lets a second run start early; an expired one is cleared. */
-#define KICK_SET " settled_at = NULL, lease_token = NULL," \
+#define KICK_SET " settled_at = NULL, lease_token = NULL, waiting = NULL, held_run_at = NULL," \
     " run_at = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN ?1" \
     "  WHEN lease_boot IS NULL OR ?3 IS NULL THEN MAX(?1, lease_expires_at)" \
     "  ELSE MAX(?1, ?1 + lease_until - ?4) END," \
@@ -106,6 +136,10 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "  ELSE lease_expires_at END," \
     " lease_boot = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN NULL ELSE lease_boot END," \
     " lease_until = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN NULL ELSE lease_until END"
+
+/* The run_at of a delivery held behind its dependencies: after every time a run_at can be
+ * (RB_MAX_EPOCH). */
+#define HELD_RUN_AT "1e300"
 
 #define TEXT_OF_(x) #x
 #define TEXT_OF(x) TEXT_OF_(x)
@@ -240,6 +274,17 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     /* a tick (?2 its due time) moves next_at on (?3) while no other process has */
     [ST_SCHEDULE_FIRE] = "UPDATE \"{t}_schedules\" SET next_at = ?3, fired_at = ?4"
         " WHERE name = ?1 AND next_at = ?2 AND topic = ?5 AND payload = ?6",
+    /* dependencies (schema 7): ?1 a dependency's id; the new delivery ?1 held behind ?2 of
+     * them, or cancelled (?2 the wall clock, ?3 why); a dependency row (?1 the delivery, ?2
+     * the dependency) and its mark */
+    [ST_DEP_STATUS] = "SELECT status FROM \"{t}\" WHERE id = ?1",
+    [ST_DEP_HOLD] = "UPDATE \"{t}\" SET waiting = ?2, held_run_at = run_at,"
+        " run_at = " HELD_RUN_AT " WHERE id = ?1",
+    [ST_DEP_CANCEL] = "UPDATE \"{t}\" SET status = 'cancelled', settled_at = ?2, last_error = ?3"
+        " WHERE id = ?1",
+    [ST_DEP_ADD] = "INSERT INTO \"{t}_deps\" (id, dep) VALUES (?1, ?2)",
+    [ST_DEP_MARK] = "UPDATE \"{t}\" SET has_dependents = 1 WHERE id = ?1"
+        " AND has_dependents IS NOT 1",
     [ST_PURGE_CANCELLED] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
         " WHERE status = 'cancelled' AND settled_at < ?2 ORDER BY settled_at LIMIT ?3)",
 };
@@ -606,5 +651,7 @@ int rb_sqlite_open_file(const char *path, const char *table, int want_migrate, i
         *db = NULL;
         return -1;
     }
+    /* the dependencies' triggers cancel a chain of deliveries by firing again (schema 7) */
+    sqlite3_exec(*db, "PRAGMA recursive_triggers = ON", NULL, NULL, NULL);
     return 0;
 }

@@ -8,10 +8,11 @@
 #pragma GCC visibility push(hidden)
 
 /* Column order read by read_delivery (its COL_ names follow it). */
-#define COLS "id, topic, payload, key, status, attempts, max_attempts, fence, run_at, " \
-             "created_at, lease_token, lease_expires_at, last_error, group_name"
+#define COLS "id, topic, payload, key, status, attempts, max_attempts, fence," \
+             " coalesce(held_run_at, run_at), created_at, lease_token, lease_expires_at," \
+             " last_error, group_name"
 /* get and list read the history too (claims do not need it) */
-#define RECORD_COLS COLS ", settled_at, progress, errors"
+#define RECORD_COLS COLS ", settled_at, progress, errors, waiting"
 
 /* Prepared once per store, on first use. Settle statements share their parameter numbers:
  * ?1 now, ?2 id, ?3 token, ?4 delay, ?5 error, ?6 boot id, ?7 boot clock. Lease ones: ?1 name,
@@ -27,6 +28,7 @@ enum {
     ST_PROGRESS, ST_ENQ_REPLACE,
     ST_LIMITS, ST_CLAIM_TOPICS, ST_LIMIT_SET, ST_LIMIT_CLEAR, ST_RUNNING, ST_STARTS, ST_START_ADD, ST_STARTS_TRIM,
     ST_SCHEDULE_FIND, ST_SCHEDULE_SET, ST_UNSCHEDULE, ST_SCHEDULES, ST_SCHEDULE_FIRE,
+    ST_DEP_STATUS, ST_DEP_HOLD, ST_DEP_CANCEL, ST_DEP_ADD, ST_DEP_MARK,
     ST_COUNT
 };
 
