@@ -56,7 +56,7 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
   end)
 
   it("the docs hold every program this spec runs", function()
-    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "schedules.lua", "embed.sh" } do
+    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "schedules.lua", "flow.lua", "embed.sh" } do
       assert.is_string(files[name], name .. " is not in the docs")
     end
   end)
@@ -169,6 +169,23 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
     assert.equal(0, rc, err)
     assert.truthy(out:find("nightly%-report%s+report%.build%s+cron 0 3 %* %* %* %(Europe/Berlin%)%s+%d+%-%d+%-%d+ 0[12]:00:00"), out)
     assert.is_nil(out:find("heartbeat", 1, true), out)
+  end)
+
+  it("the dependencies example runs the report after its three parts", function()
+    local dir = S.tmpdir() .. "/" .. S.unique("flow")
+    os.execute("mkdir -p " .. S.quote(dir))
+    S.write(dir .. "/flow.lua", files["flow.lua"])
+    local rc, out, err = sh("relaybus run flow.lua", nil, dir)
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("^report waits for%s+3%s+parts\n"), out)
+    local lines = {}
+    for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
+    assert.equal(5, #lines, out)
+    local regions = {}
+    for i = 2, 4 do regions[#regions + 1] = lines[i]:match("^figures%s+(%a+)$") end
+    table.sort(regions)
+    assert.same({ "east", "north", "south" }, regions, out)
+    assert.truthy(lines[5]:match("^report%s+2026%-11$"), out)
   end)
 
   it("the embedding commands build and run a host, shared and static, from a fresh prefix", function()
