@@ -487,6 +487,14 @@ describe("the command", function()
       { "show" }, { "show", "" }, { "show", "1", "2" }, { "show", "1", "--status", "x" },
       { "kick", "--topic", "a" }, { "kick", "1", "--topic", "a" }, { "kick", "--buried", "--topic", "" },
       { "purge", "--cancelled" },
+      { "schedule" }, { "schedule", "n" }, { "schedule", "n", "--topic", "t" },
+      { "schedule", "n", "--topic", "t", "--every", "5", "--cron", "* * * * *" },
+      { "schedule", "n", "--topic", "t", "--every", "5", "--timezone", "UTC" },
+      { "schedule", "n", "--topic", "t", "--every", "x" }, { "schedule", "n", "--topic", "t", "--every", "inf" },
+      { "schedule", "n", "--topic", "t", "--every", "5", "--payload", "{nope" },
+      { "schedule", "", "--topic", "t", "--every", "5" }, { "schedule", "a", "b", "--topic", "t", "--every", "5" },
+      { "unschedule" }, { "unschedule", "" }, { "unschedule", "a", "b" }, { "schedules", "x" },
+      { "enqueue", "t", "--after", "1,,2" }, { "enqueue", "t", "--after", "" }, { "enqueue", "t", "--after", "1," },
     }
 
     it("every usage error exits 2 with one line on stderr and writes nothing", function()
@@ -582,6 +590,49 @@ describe("the command", function()
       assert.equal("", none)
       assert.equal("(no paused topics)\n", err)
       assert.equal("[]\n", (run("paused", "--json")))
+    end)
+
+    it("schedule, schedules and unschedule: what they print, and what the store keeps; enqueue --after", function()
+      local url = sqlite_url()
+      local function run(want, ...)
+        local a = { ... }
+        a[#a + 1] = "--store=" .. url
+        local code, out, err = cmd(a)
+        assert.equal(want, code, err)
+        return out, err
+      end
+      run(0, "migrate")
+      local out = run(0, "schedule", "nightly", "--topic", "report.build", "--cron", "0 3 * * *",
+                      "--timezone", "Europe/Berlin", "--payload", '{"n":12345678901234567890}')
+      assert.truthy(out:match("^scheduled nightly: next tick %d+%-%d+%-%d+ 0[12]:00:00 UTC\n$"), out)
+      out = run(0, "schedule", "nightly", "--topic", "report.build", "--cron", "0 3 * * *",
+                "--timezone", "Europe/Berlin")
+      assert.truthy(out:match("^replaced nightly: next tick"), out)
+      run(0, "schedule", "hb\27x", "--topic", "hb", "--every", "90")
+      out = run(0, "schedules")
+      assert.truthy(out:find("hb\\x1bx%s+hb%s+every 1m30s"), out)       -- shown inert
+      assert.truthy(out:find("nightly%s+report%.build%s+cron 0 3 %* %* %* %(Europe/Berlin%)"), out)
+      local list = relaybus.json.decode((run(0, "schedules", "--json")))
+      assert.equal(2, #list)
+      assert.equal("hb\27x", list[1].name)
+      assert.equal(90, list[1].every)
+      local _, err = run(1, "schedule", "x", "--topic", "t", "--cron", "0 0 30 2 *")
+      assert.truthy(err:match("^relaybus: schedule: cron '0 0 30 2 %*' never fires"), err)
+      _, err = run(1, "schedule", "x", "--topic", "t", "--cron", "* * * * *", "--timezone", "Mars/Base")
+      assert.truthy(err:find("not in the tz database", 1, true), err)
+      assert.equal("unscheduled nightly\n", (run(0, "unschedule", "nightly")))
+      _, err = run(1, "unschedule", "nightly")
+      assert.equal("relaybus: unschedule: no schedule nightly\n", err)
+      local store = assert(relaybus.open(url))
+      local kept = assert(store:schedules())
+      assert.equal(1, #kept)
+      store:close()
+      -- enqueue --after
+      local a = (run(0, "enqueue", "t")):gsub("%s+$", "")
+      local b = (run(0, "enqueue", "t", "--after", a .. "," .. a)):gsub("%s+$", "")
+      assert.truthy(run(0, "show", b):find("after 1 dependency", 1, true))
+      _, err = run(1, "enqueue", "t", "--after", a .. ",999999")
+      assert.equal("relaybus: enqueue: sqlite: after: no delivery 999999\n", err)
     end)
 
     it("accepts the largest values it allows, on every store", function()
