@@ -92,6 +92,22 @@ local function sequence(seed, url, opts, steps)
       keep_id(call("enqueue(replace)", s.enqueue, s, "m.t", { r = rnd(1000) },
         { key = pick { "ka", "kb" }, replace = true, delay = pick { 0, 0.05 } }))
     end,
+    -- after ids of any status, unknown ones, its own kind (SQL stores; MongoDB refuses)
+    function()
+      local s = pick(stores); if not s then return end
+      keep_id(call("enqueue(after)", s.enqueue, s, "m.t", { a = rnd(1000) },
+        { after = { pick(ids) or "1", pick(ids) or "999999", pick { "1", "x", "99999999999" } } }))
+    end,
+    -- schedules made, replaced with other timings, listed, removed (their ticks go to m.t)
+    function()
+      local s = pick(stores); if not s then return end
+      call("schedule", s.schedule, s, "m.s" .. rnd(2), pick {
+        { every = 1, topic = "m.t", payload = { s = 1 } }, { cron = "* * * * * *", topic = "m.t" },
+        { cron = "*/2 * * * * *", timezone = "Europe/Berlin", topic = "m.t" }, { every = 0.5, topic = "m.t" },
+        { cron = "61 * * * *", topic = "m.t" }, { every = 1 }, { topic = "m.t" } })
+    end,
+    function() local s = pick(stores); if s then call("unschedule", s.unschedule, s, "m.s" .. rnd(2)) end end,
+    function() local s = pick(stores); if s then call("schedules", s.schedules, s) end end,
     function() local s = pick(stores); if s then call("enqueue(bad)", s.enqueue, s, "", nil) end end,
     function() local s = pick(stores); if s then call("enqueue(bad opts)", s.enqueue, s, "m.t", {}, { nope = 1 }) end end,
     function() local s = pick(stores); if s then call("list", s.list, s, { status = pick { "pending", "buried", "nope" }, limit = rnd(1, 5) }) end end,
@@ -200,6 +216,7 @@ for _, entry in ipairs(S.list()) do
         -- nothing lost, nothing stuck: once the leases have run out, a clean dispatcher
         -- settles every delivery that is still due
         local store = assert(relaybus.open(url, opts))
+        for k = 1, 2 do store:unschedule("m.s" .. k) end     -- no more ticks while it drains
         relaybus.sleep(LEASE + 0.3)
         local d = H.dispatcher(store, { lease_duration = 2 })
         d:handle("m.t", function() end)
