@@ -90,6 +90,10 @@ if ! skipped sqlite; then
     bench 300 bench/drain.lua "sqlite:$WORK/drain_groups.db" 50000 256 sqlite 300 1000 || FAILED=1
     SG=$(rate_of "groups in")
     note "sqlite groups: 50,000 in 1,000 groups at ${SG}/s = $(pct "$SG" "$S256") of the plain drain at concurrency 256 (goal: >= 50%)"
+    # Limits: the same 50,000 beside 2,000 of a topic limited to 4 running at once.
+    bench 300 bench/limited.lua "sqlite:$WORK/limited.db" 50000 256 sqlite 2000 4 || FAILED=1
+    SL=$(rate_of "unlimited beside")
+    note "sqlite limits: 50,000 unlimited beside a limited topic at ${SL}/s = $(pct "$SL" "$S256") of the plain drain at concurrency 256"
     bench 300 bench/enqueue.lua "sqlite:$WORK/enqueue.db" 20000 1000 sqlite || FAILED=1
     bench 120 bench/memory.lua "sqlite:$WORK/memory.db" 10000 5 sqlite 10000 || FAILED=1
     if grep -q "NOTE at most" <<<"$OUT"; then
@@ -185,6 +189,9 @@ else
     bench 300 bench/drain.lua "$PG_URL" 50000 256 postgresql 300 1000
     PG_GROUPS=$(rate_of "groups in")
     note "postgresql groups: 50,000 in 1,000 groups at ${PG_GROUPS}/s = $(pct "$PG_GROUPS" "$P256") of the plain drain at concurrency 256 (goal: >= 50%)"
+    bench 300 bench/limited.lua "$PG_URL" 50000 256 postgresql 2000 4
+    PG_LIMITED=$(rate_of "unlimited beside")
+    note "postgresql limits: 50,000 unlimited beside a limited topic at ${PG_LIMITED}/s = $(pct "$PG_LIMITED" "$P256") of the plain drain at concurrency 256"
 
     # graphile-worker 0.18, same server, same run.
     if ! skipped graphile; then
