@@ -638,11 +638,37 @@ static void on_changed(void *ud, const char *err, int64_t count)
 
 /* store:cancel(id): true when the delivery was pending or processing and is cancelled now,
  * false when there was nothing to cancel (settled, unknown, or no id of this store). */
+static const char *const cancel_opts[] = {"status", "topic", NULL};
+
+/* store:cancel{[status = "pending" | "processing"] [, topic = T]}: every live delivery of them
+ * cancelled; how many. */
+static int cancel_all(lua_State *L, rb_store *s)
+{
+    rb_check_options(L, 2, "cancel", cancel_opts);
+    lua_getfield(L, 2, "status");
+    const char *status = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
+    if (!lua_isnil(L, -1) && (lua_type(L, -1) != LUA_TSTRING ||
+                              (strcmp(status, "pending") && strcmp(status, "processing"))))
+        rb_misuse(L, "cancel: status must be \"pending\" or \"processing\" (or left out: both)");
+    lua_getfield(L, 2, "topic");
+    const char *topic = lua_isnil(L, -1) ? NULL : rb_check_topic(L, lua_gettop(L), "cancel");
+    if (!s->vt->cancel_all) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: cancel of many is not supported here", s->vt->name);
+        return 2;
+    }
+    rb_await *w = rb_await_begin(L);
+    if (!w) return 2;
+    s->vt->cancel_all(s, status, topic, "cancelled", on_count, w);
+    return rb_await_finish(L, w);
+}
+
 static int l_store_cancel(lua_State *L)
 {
     rb_store *s = check_lua_store(L, 1)->s;
+    if (lua_istable(L, 2)) return cancel_all(L, s);
     if (lua_type(L, 2) != LUA_TSTRING && lua_type(L, 2) != LUA_TNUMBER)
-        return rb_misuse(L, "cancel: expected a delivery id (a string or a number)");
+        return rb_misuse(L, "cancel: expected a delivery id (a string or a number), or {status =, topic =}");
     size_t n;
     const char *id = lua_tolstring(L, 2, &n);
     if (strlen(id) != n) {      /* no id holds a NUL */
@@ -947,7 +973,7 @@ static int l_store_paused(lua_State *L)
     return await_rows(L, s, s->vt->paused, on_paused, "pause is not supported here");
 }
 
-static const char *const purge_opts[] = {"status", "older_than", "limit", NULL};
+static const char *const purge_opts[] = {"status", "older_than", "limit", "topic", NULL};
 
 static int l_store_purge(lua_State *L)
 {
@@ -965,9 +991,11 @@ static int l_store_purge(lua_State *L)
         rb_misuse(L, "purge: older_than must be a number of seconds from 0 to 100 years");
     if (!(limit >= 0 && limit <= 1e9) || limit != floor(limit))
         rb_misuse(L, "purge: limit must be an integer from 0 (no limit) to 1e9");
+    lua_getfield(L, 2, "topic");
+    const char *topic = lua_isnil(L, -1) ? NULL : rb_check_topic(L, lua_gettop(L), "purge");
     rb_await *w = rb_await_begin(L);
     if (!w) return 2;
-    s->vt->purge(s, st, older, (size_t)limit, on_count, w);
+    s->vt->purge(s, st, topic, older, (size_t)limit, on_count, w);
     return rb_await_finish(L, w);
 }
 

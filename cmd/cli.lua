@@ -238,7 +238,8 @@ Commands:
   show ID                one delivery, whole
   kick ID | --buried [--topic T]
                          put buried (or a cancelled) deliveries back to pending
-  cancel ID              cancel a pending or running delivery
+  cancel ID | --all [--topic T]
+                         cancel a pending or running delivery, or every one
   purge                  delete settled deliveries
   pause TOPIC            no process starts a delivery of TOPIC until resumed
   resume TOPIC           let TOPIC's deliveries start again
@@ -358,17 +359,23 @@ Options:
 
 HELP.cancel = [[
 Usage: relaybus cancel ID
+       relaybus cancel --all [--topic T] [--status pending|processing]
 
 Cancels the pending or running delivery ID for good: it becomes cancelled and never runs
 (unless kicked). A running handler sees ctx.signal.reason "cancelled" (on PostgreSQL at
 once, in any process; elsewhere at its next lease renewal) and nothing it writes afterwards
 is applied. Prints "cancelled ID"; an ID that is not pending or processing fails (exit 1).
+With --all, cancels every pending and running delivery (of topic T, of that status only)
+and prints how many.
 
 Options:
+  --all             every live delivery (with --topic and --status: of those only)
+  --topic T         with --all: of topic T only
+  --status S        with --all: pending or processing only
 ]] .. STORE_HELP
 
 HELP.purge = [[
-Usage: relaybus purge --completed|--buried|--cancelled --older-than S
+Usage: relaybus purge --completed|--buried|--cancelled --older-than S [--topic T]
 
 Deletes completed, buried or cancelled deliveries (any of them) settled more than S seconds
 ago and prints how many were deleted.
@@ -378,6 +385,7 @@ Options:
   --buried          delete buried deliveries
   --cancelled       delete cancelled deliveries
   --older-than S    only those older than S seconds (required; 0 for all)
+  --topic T         only those of topic T
 ]] .. STORE_HELP
 
 HELP.pause = [[
@@ -492,9 +500,9 @@ local SPECS = {
                        ["topic-prefix"] = "string", key = "string", error = "string" } },
   show = { options = { json = "flag" } },
   kick = { options = { buried = "flag", topic = "string" } },
-  cancel = { options = {} },
+  cancel = { options = { all = "flag", topic = "string", status = "string" } },
   purge = { options = { completed = "flag", buried = "flag", cancelled = "flag",
-                        ["older-than"] = "seconds" } },
+                        ["older-than"] = "seconds", topic = "string" } },
   pause = { options = {} },
   resume = { options = {} },
   paused = { options = { json = "flag" } },
@@ -667,7 +675,17 @@ local function one_arg(cmd, c, pos, field, name)
 end
 
 function CHECKS.show(c, pos) one_arg("show", c, pos, "id", "ID") end
-function CHECKS.cancel(c, pos) one_arg("cancel", c, pos, "id", "ID") end
+function CHECKS.cancel(c, pos)
+  local o = c.opts
+  if not o.all then
+    if o.topic or o.status then usage("cancel: --topic and --status go with --all") end
+    return one_arg("cancel", c, pos, "id", "ID")
+  end
+  max_args("cancel", pos, 0)
+  if o.status and o.status ~= "pending" and o.status ~= "processing" then
+    usage("cancel: --status must be pending or processing, got '%s'", show_arg(o.status))
+  end
+end
 
 function CHECKS.purge(c, pos)
   max_args("purge", pos, 0)
@@ -1017,7 +1035,8 @@ function commands.purge(c)
   local total = 0
   for _, status in ipairs { "completed", "buried", "cancelled" } do
     if c.opts[status] then
-      total = total + call(c, store, "purge", { status = status, older_than = c.opts["older-than"] })
+      total = total + call(c, store, "purge", { status = status, older_than = c.opts["older-than"],
+                                                topic = c.opts.topic })
     end
   end
   io.stdout:write(fmt_int(total), "\n")
@@ -1067,6 +1086,12 @@ end
 
 function commands.cancel(c)
   local store = open_store(c, false)
+  if c.opts.all then
+    local n = call(c, store, "cancel", { topic = c.opts.topic, status = c.opts.status })
+    store:close()
+    io.stdout:write(fmt_int(n), "\n")
+    return EXIT_OK
+  end
   local cancelled = call(c, store, "cancel", c.id)
   store:close()
   if not cancelled then

@@ -494,6 +494,8 @@ describe("the command", function()
       { "schedule", "n", "--topic", "t", "--every", "5", "--payload", "{nope" },
       { "schedule", "", "--topic", "t", "--every", "5" }, { "schedule", "a", "b", "--topic", "t", "--every", "5" },
       { "unschedule" }, { "unschedule", "" }, { "unschedule", "a", "b" }, { "schedules", "x" },
+      { "cancel", "--topic", "t" }, { "cancel", "1", "--status", "pending" }, { "cancel", "--all", "1" },
+      { "cancel", "--all", "--status", "buried" }, { "purge", "--buried", "--older-than", "0", "--topic", "" },
       { "enqueue", "t", "--after", "1,,2" }, { "enqueue", "t", "--after", "" }, { "enqueue", "t", "--after", "1," },
     }
 
@@ -627,6 +629,15 @@ describe("the command", function()
       local kept = assert(store:schedules())
       assert.equal(1, #kept)
       store:close()
+      -- cancel --all, purge --topic
+      run(0, "enqueue", "x.a", "--delay", "3600")
+      run(0, "enqueue", "x.a", "--delay", "3600")
+      run(0, "enqueue", "x.b", "--delay", "3600")
+      assert.equal("0\n", (run(0, "cancel", "--all", "--topic", "x.a", "--status", "processing")))
+      assert.equal("2\n", (run(0, "cancel", "--all", "--topic", "x.a")))
+      assert.equal("0\n", (run(0, "purge", "--cancelled", "--older-than", "0", "--topic", "x.b")))
+      assert.equal("2\n", (run(0, "purge", "--cancelled", "--older-than", "0", "--topic", "x.a")))
+      assert.equal("1\n", (run(0, "cancel", "--all")))
       -- enqueue --after
       local a = (run(0, "enqueue", "t")):gsub("%s+$", "")
       local b = (run(0, "enqueue", "t", "--after", a .. "," .. a)):gsub("%s+$", "")

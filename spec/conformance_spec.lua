@@ -2069,6 +2069,51 @@ for _, entry in ipairs(S.list { dialects = true }) do
         expect(store, id, { status = "cancelled", attempts = 1 })
       end)
 
+      it("cancel{topic =, status =} cancels every live delivery of them, the running ones' handlers told; purge{topic =} deletes one topic's", function()
+        local p1 = assert(store:enqueue("cb.a", { n = 1 }))
+        local p2 = assert(store:enqueue("cb.a", { n = 2 }, { delay = 3600 }))
+        local other = assert(store:enqueue("cb.b", { n = 3 }, { delay = 3600 }))
+        assert.equal(0, answer(store:cancel { topic = "cb.none" }))
+        local got
+        local d = H.dispatcher(store, { lease_duration = 5 })
+        local stop = H.stopper(d)
+        d:handle("cb.a", function(_, ctx)
+          local t0 = relaybus.now()
+          relaybus.spawn(function()
+            -- pending only first: the running one goes on
+            assert.equal(1, answer(store:cancel { topic = "cb.a", status = "pending" }))
+            assert.equal("processing", assert(store:get(p1)).status)
+            assert.equal(1, answer(store:cancel { topic = "cb.a" }))
+          end)
+          local ok = ctx:sleep(5)
+          got = { ok = ok, reason = ctx.signal.reason, took = relaybus.now() - t0, after = ctx:complete() }
+          stop()
+        end)
+        assert.is_true((H.run(d, 10)))
+        assert.is_nil(got.ok)
+        assert.equal("cancelled", got.reason)
+        assert.is_true(got.took < 1.5, "the abort took " .. got.took .. " s")
+        assert.is_nil(got.after)
+        expect(store, p1, { status = "cancelled", last_error = "cancelled" })
+        expect(store, p2, { status = "cancelled" })
+        expect(store, other, { status = "pending" })
+        -- every topic, by status
+        assert.equal(0, answer(store:cancel { status = "processing" }))
+        assert.equal(1, answer(store:cancel { status = "pending" }))
+        expect(store, other, { status = "cancelled" })
+        -- misuse
+        for _, bad in ipairs { { status = "buried" }, { status = 1 }, { topic = "" }, { topic = 7 }, { nope = 1 } } do
+          H.raises_relaybus(function() store:cancel(bad) end)
+        end
+        -- delete one topic's settled ones, the other's stay
+        assert.equal(0, answer(store:purge { status = "cancelled", topic = "cb.none" }))
+        assert.equal(2, answer(store:purge { status = "cancelled", topic = "cb.a" }))
+        assert.is_nil(store:get(p1))
+        expect(store, other, { status = "cancelled" })
+        assert.equal(1, answer(store:purge { status = "cancelled" }))
+        H.raises_relaybus(function() store:purge { status = "cancelled", topic = "" } end)
+      end)
+
       it("a cancel through another connection reaches the running handler: at once on PostgreSQL, by its next renewal elsewhere", function()
         local other = assert(relaybus.open(url, opts))
         local id = assert(store:enqueue("cn.remote", 1))

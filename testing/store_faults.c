@@ -804,15 +804,15 @@ static void fw_kick(rb_store *s, rb_kick_mode mode, const char *id, const char *
     if (goes_inner(o)) FORWARD(fs, o, fs->inner->vt->kick(fs->inner, mode, id, topic, on_count, ID));
 }
 
-static void fw_purge(rb_store *s, const char *status, double older_than, size_t limit,
-                     rb_count_cb cb, void *ud)
+static void fw_purge(rb_store *s, const char *status, const char *topic, double older_than,
+                     size_t limit, rb_count_cb cb, void *ud)
 {
     faults_store *fs = FS(s);
     fop *o = fop_new(fs, RB_FOP_PURGE, ud);
     if (!o) { cb(ud, "out of memory", 0); return; }
     o->cb.count = cb;
     if (goes_inner(o))
-        FORWARD(fs, o, fs->inner->vt->purge(fs->inner, status, older_than, limit, on_count, ID));
+        FORWARD(fs, o, fs->inner->vt->purge(fs->inner, status, topic, older_than, limit, on_count, ID));
 }
 
 static void fw_lease(rb_store *s, rb_lease_op kind, const char *name, const char *token,
@@ -1093,6 +1093,13 @@ static void pt_paused(rb_store *s, rb_rows_cb cb, void *ud)
     fs->inner->vt->paused(fs->inner, cb, ud);
 }
 
+static void pt_cancel_all(rb_store *s, const char *status, const char *topic, const char *reason,
+                          rb_count_cb cb, void *ud)
+{
+    faults_store *fs = FS(s);
+    if (!inner_usable(fs) || fs->closed) { cb(ud, "store closed", 0); return; }
+    fs->inner->vt->cancel_all(fs->inner, status, topic, reason, cb, ud);
+}
 static void pt_schedule(rb_store *s, const rb_schedule *sch, rb_count_cb cb, void *ud)
 {
     faults_store *fs = FS(s);
@@ -1243,6 +1250,7 @@ rb_store *rb_faults_wrap(rb_store *inner, const rb_faults_options *o, char *err,
         .progress = ivt->progress ? pt_progress : NULL,
         .pause = ivt->pause ? pt_pause : NULL,
         .paused = ivt->paused ? pt_paused : NULL,
+        .cancel_all = ivt->cancel_all ? pt_cancel_all : NULL,
         .schedule = ivt->schedule ? pt_schedule : NULL,
         .unschedule = ivt->unschedule ? pt_unschedule : NULL,
         .schedules = ivt->schedules ? pt_schedules : NULL,

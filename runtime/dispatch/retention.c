@@ -80,7 +80,7 @@ static void on_purged(void *ud, const char *err, int64_t count)
 static void purge(disp_retention *r)
 {
     r->in_flight = 1;
-    r->store->vt->purge(r->store, "completed", r->retention, PURGE_BATCH, on_purged, r);
+    r->store->vt->purge(r->store, "completed", NULL, r->retention, PURGE_BATCH, on_purged, r);
 }
 
 static void on_acquired(void *ud, const char *err, rb_lease *lease)

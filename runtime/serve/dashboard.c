@@ -579,6 +579,8 @@ static void on_count(req *r, const char *err, int64_t count, const char *none)
 
 static void on_kick_one(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not buried or cancelled (or no such delivery)"); }
 static void on_kick_all(void *ud, const char *err, int64_t n) { on_count(ud, err, n, NULL); }
+static void on_cancel_all(void *ud, const char *err, int64_t n) { on_count(ud, err, n, NULL); }
+static void on_delete_all(void *ud, const char *err, int64_t n) { on_count(ud, err, n, NULL); }
 static void on_bury(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not pending or processing (or no such delivery)"); }
 static void on_remove(void *ud, const char *err, int64_t n) { on_count(ud, err, n, "not completed, buried or cancelled (or no such delivery)"); }
 
@@ -662,6 +664,56 @@ static void get_list(req *r)
     d->store->vt->list(d->store, &lr, on_list, r);
 }
 
+static int allowed(req *r);
+static void not_supported(req *r);
+
+/* A bulk action's topic: NULL for any; 0 (answered) when it is too long. */
+static int bulk_topic(req *r, const char **topic)
+{
+    *topic = arg(r, "topic");
+    if (*topic && strlen(*topic) > 1024) { respond_error(r, 400, "topic too long"); return 0; }
+    return 1;
+}
+
+/* POST /api/deliveries/cancel?[status=pending|processing][&topic=T]: every live delivery of
+ * them cancelled. */
+static void cancel_all(req *r)
+{
+    rb_dashboard *d = r->d;
+    if (!allowed(r)) return;
+    const char *status = arg(r, "status"), *topic;
+    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+        respond_error(r, 400, "cancel takes status=pending or status=processing (or none: both)");
+        return;
+    }
+    if (!bulk_topic(r, &topic)) return;
+    if (!d->store->vt->cancel_all) { not_supported(r); return; }
+    if (!op_start(r)) return;
+    snprintf(r->audit, sizeof r->audit, "cancel every %s delivery%s%.120s",
+             status ? status : "pending or processing", topic ? " of topic " : "", topic ? topic : "");
+    d->store->vt->cancel_all(d->store, status, topic, "cancelled from the dashboard",
+                             on_cancel_all, r);
+}
+
+/* DELETE /api/deliveries?status=completed|buried|cancelled[&topic=T]: every settled delivery
+ * of them deleted. */
+static void delete_all(req *r)
+{
+    rb_dashboard *d = r->d;
+    if (!allowed(r)) return;
+    const char *status = arg(r, "status"), *topic;
+    if (!status || (strcmp(status, "completed") && strcmp(status, "buried") &&
+                    strcmp(status, "cancelled"))) {
+        respond_error(r, 400, "delete takes status=completed, buried or cancelled");
+        return;
+    }
+    if (!bulk_topic(r, &topic)) return;
+    if (!op_start(r)) return;
+    snprintf(r->audit, sizeof r->audit, "delete every %s delivery%s%.120s", status,
+             topic ? " of topic " : "", topic ? topic : "");
+    d->store->vt->purge(d->store, status, topic, 0, 0, on_delete_all, r);
+}
+
 /* Actions: 403 read-only, 401 without the right token. 1 when allowed. */
 static int allowed(req *r)
 {
@@ -704,8 +756,17 @@ static void route(req *r, const char *method, const char *url)
         return;
     }
     if (!strcmp(url, "/api/deliveries")) {
-        if (!get) { r->allow = "GET, HEAD"; respond_error(r, 405, "method not allowed"); return; }
+        if (del) {
+            delete_all(r);
+            return;
+        }
+        if (!get) { r->allow = "GET, HEAD, DELETE"; respond_error(r, 405, "method not allowed"); return; }
         get_list(r);
+        return;
+    }
+    if (!strcmp(url, "/api/deliveries/cancel")) {
+        if (!post) { r->allow = "POST"; respond_error(r, 405, "method not allowed"); return; }
+        cancel_all(r);
         return;
     }
     if (!strcmp(url, "/api/schedules")) {

@@ -267,10 +267,10 @@ typedef struct rb_store_vtable {
     void (*kick)(rb_store *s, rb_kick_mode mode, const char *id, const char *topic,
                  rb_count_cb cb, void *ud);
     /* Deletes deliveries of `status` (completed, buried or cancelled) settled more than
-     * older_than s ago,
-     * at most `limit` of them (0 = no limit). */
-    void (*purge)(rb_store *s, const char *status, double older_than, size_t limit,
-                  rb_count_cb cb, void *ud);
+     * older_than s ago, of `topic` only when it is not NULL, at most `limit` of them (0 = no
+     * limit). */
+    void (*purge)(rb_store *s, const char *status, const char *topic, double older_than,
+                  size_t limit, rb_count_cb cb, void *ud);
     /* For operators (the dashboard). Counts per topic and status (see RB_TOPIC_STATS_MAX). */
     void (*topic_stats)(rb_store *s, rb_rows_cb cb, void *ud);
     /* Buries delivery `id` now when it is pending or processing (a running handler's lease
@@ -377,6 +377,12 @@ typedef struct rb_store_vtable {
     /* Optional with limit: the limited topics, columns topic (text), rate (int or NULL), per
      * (float s or NULL), concurrency (int or NULL), by topic, at most RB_TOPIC_STATS_MAX rows. */
     void (*limits)(rb_store *s, rb_rows_cb cb, void *ud);
+    /* Optional: cancels every live delivery of `status` ("pending" or "processing"; NULL:
+     * both) and of `topic` (NULL: any), as cancel does one: last_error = reason, a running
+     * one's lease taken (its dispatchers hear of it as after cancel; MongoDB: at their next
+     * renewal). count: how many were cancelled. */
+    void (*cancel_all)(rb_store *s, const char *status, const char *topic, const char *reason,
+                       rb_count_cb cb, void *ud);
     /* Optional: durable schedules (rb_schedule). schedule makes or replaces schedule
      * `sch->name`; a replacement with the same cron, every and timezone keeps its next_at, so
      * processes that define their schedules at each start do not move their ticks.

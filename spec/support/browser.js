@@ -108,6 +108,33 @@ const errors = [];      // scripts' errors on the pages, reported with a failure
     await page.screenshot({ path: outdir + '/dashboard-kick-topic.png', fullPage: true });
     result.steps.push('kicked topic');
 
+    // cancel all and delete all take the status and topic filters, and ask first
+    async function bulk(button, status, topic) {
+      await page.selectOption('#filter-status', status);
+      await page.fill('#filter-topic', topic);
+      await page.click('#apply');
+      await page.click(button);
+      const asked = await page.textContent(button);
+      await page.click(button);
+      await page.waitForFunction(() => /: (done|this)/.test(document.getElementById('action-result').textContent));
+      return { asked, said: await page.textContent('#action-result') };
+    }
+    await page.selectOption('#filter-status', 'pending');
+    await page.click('#apply');
+    result.delete_disabled_for_pending = await page.isDisabled('#delete-all');
+    result.cancel_pending = await bulk('#cancel-all', 'pending', 'email.send');
+    await page.waitForFunction(() => document.querySelectorAll('#rows tr').length === 0);
+    result.delete_cancelled = await bulk('#delete-all', 'cancelled', 'email.send');
+    await page.fill('#filter-prefix', 'email');
+    await page.click('#apply');
+    result.bulk_disabled_when_searching = await page.isDisabled('#cancel-all') && await page.isDisabled('#kick-all');
+    await page.fill('#filter-prefix', '');
+    await page.selectOption('#filter-status', '');
+    await page.fill('#filter-topic', '');
+    await page.click('#apply');
+    await page.screenshot({ path: outdir + '/dashboard-bulk.png', fullPage: true });
+    result.steps.push('bulk');
+
     // the id box opens one delivery; its permalink opens it in a new page
     await page.fill('#open-id-input', id);
     await page.click('#open-id button');

@@ -176,7 +176,7 @@
     state.prefix = $('filter-prefix').value;
     state.key = $('filter-key').value;
     state.error = $('filter-error').value;
-    disarmKick();
+    disarmBulk();
     state.after = null; state.pages = [];
     refreshList();
   });
@@ -267,32 +267,70 @@
       }
     });
   });
-  // Kick every buried delivery of the applied topic filter (every topic without one). A bulk
-  // action asks first, on the page: the first click names what it will do, a second within
-  // 5 s does it.
-  var kickArmed = null;
-  function kickAllLabel() {
-    return state.topic ? 'kick all buried of topic \u201c' + state.topic + '\u201d' : 'kick all buried';
-  }
-  function disarmKick() {
-    if (kickArmed) clearTimeout(kickArmed);
-    kickArmed = null;
-    $('kick-all').textContent = kickAllLabel();
-    $('kick-all').classList.remove('armed');
-  }
-  $('kick-all').addEventListener('click', function () {
-    if (!kickArmed) {
-      $('kick-all').textContent = 'confirm: ' + kickAllLabel() + '?';
-      $('kick-all').classList.add('armed');
-      kickArmed = setTimeout(disarmKick, 5000);
-      return;
+  // Bulk actions, on the applied status and topic filters (every topic without one): kick
+  // every buried one, cancel every live one, delete every settled one of the status. Each asks
+  // first, on the page: the first click names what it will do, a second within 5 s does it.
+  // A search (prefix, key, error text) is not theirs to take: they wait until it is cleared.
+  function ofTopic() { return state.topic ? ' of topic \u201c' + state.topic + '\u201d' : ''; }
+  function topicArg() { return state.topic ? 'topic=' + encodeURIComponent(state.topic) : ''; }
+  function searching() { return !!(state.prefix || state.key || state.error); }
+  var bulk = {
+    'kick-all': {
+      usable: function () { return !searching(); },
+      label: function () { return 'kick all buried' + ofTopic(); },
+      send: function (what) {
+        act('POST', '/api/deliveries/kick?status=buried' + (state.topic ? '&' + topicArg() : ''), what);
+      }
+    },
+    'cancel-all': {
+      usable: function () {
+        return !searching() && (!state.status || state.status === 'pending' || state.status === 'processing');
+      },
+      label: function () { return 'cancel all ' + (state.status || 'pending and processing') + ofTopic(); },
+      send: function (what) {
+        var q = [state.status ? 'status=' + state.status : '', topicArg()].filter(Boolean).join('&');
+        act('POST', '/api/deliveries/cancel' + (q ? '?' + q : ''), what);
+      }
+    },
+    'delete-all': {
+      usable: function () {
+        return !searching() && ['completed', 'buried', 'cancelled'].indexOf(state.status) >= 0;
+      },
+      label: function () { return 'delete all ' + (state.status || 'settled') + ofTopic(); },
+      send: function (what) {
+        act('DELETE', '/api/deliveries?status=' + state.status + (state.topic ? '&' + topicArg() : ''), what);
+      }
     }
-    var what = kickAllLabel();
-    var path = '/api/deliveries/kick?status=buried' +
-      (state.topic ? '&topic=' + encodeURIComponent(state.topic) : '');
-    disarmKick();
-    act('POST', path, what);
+  };
+  var armed = {};
+  function disarm(id) {
+    if (armed[id]) clearTimeout(armed[id]);
+    armed[id] = null;
+    var b = bulk[id], button = $(id);
+    button.textContent = b.label();
+    button.classList.remove('armed');
+    button.disabled = !b.usable();
+    button.title = button.disabled ? (searching() ? 'a bulk action takes the status and topic filters only: clear the search'
+                                                  : 'not for this status') : '';
+  }
+  function disarmBulk() { Object.keys(bulk).forEach(disarm); }
+  Object.keys(bulk).forEach(function (id) {
+    $(id).addEventListener('click', function () {
+      var b = bulk[id];
+      if (!b.usable()) return;
+      if (!armed[id]) {
+        disarmBulk();
+        $(id).textContent = 'confirm: ' + b.label() + '?';
+        $(id).classList.add('armed');
+        armed[id] = setTimeout(function () { disarm(id); }, 5000);
+        return;
+      }
+      var what = b.label();
+      disarm(id);
+      b.send(what);
+    });
   });
+  disarmBulk();
 
   // ---- schedules ------------------------------------------------------------------------------
   function fmtEvery(s) {

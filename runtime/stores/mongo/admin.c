@@ -276,6 +276,9 @@ typedef struct count_job {
     char *topic;                /* kick all buried: of this topic only, or NULL */
     char *reason;               /* bury or cancel one */
     char *token;                /* cancel one: the lease of the run it cancelled */
+    char *cancel_status;        /* cancel_all: pending or processing only, or NULL: both */
+    char **runs;                /* cancel_all: id and lease token of each run it cancelled */
+    size_t nruns;
     double older_than;
     size_t limit;
     int64_t count;
@@ -421,6 +424,7 @@ static void purge_work(mjob *j, mongoc_client_t *c)
         if (q->limit && q->limit - (size_t)q->count < want) want = q->limit - (size_t)q->count;
         bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
         BSON_APPEND_UTF8(&f, "status", q->status);
+        if (q->topic) BSON_APPEND_UTF8(&f, "topic", q->topic);
         mg_append_range(&f, "settled_at", "$lte", now - q->older_than);
         BSON_APPEND_INT64(&opts, "limit", (int64_t)want);
         bson_t **docs = NULL;
@@ -490,6 +494,68 @@ static int one_round(mjob *j, mongoc_client_t *c)
 }
 
 #define ONE_ROUNDS 10
+
+/* cancel_all: the live deliveries of q->cancel_status (NULL: both) and q->topic, a batch at
+ * a time, each cancelled by one_round (its document read again by id, and written as any
+ * other change). This process's dispatchers hear of the runs it cancelled at its end; the
+ * others' at their next renewal. */
+static void cancel_all_work(mjob *j, mongoc_client_t *c)
+{
+    count_job *q = (count_job *)j;
+    int64_t total = 0;
+    for (;;) {
+        mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+        bson_t f = BSON_INITIALIZER, in, arr, opts = BSON_INITIALIZER, proj;
+        if (q->cancel_status) {
+            BSON_APPEND_UTF8(&f, "status", q->cancel_status);
+        } else {
+            BSON_APPEND_DOCUMENT_BEGIN(&f, "status", &in);
+            BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+            BSON_APPEND_UTF8(&arr, "0", "pending");
+            BSON_APPEND_UTF8(&arr, "1", "processing");
+            bson_append_array_end(&in, &arr);
+            bson_append_document_end(&f, &in);
+        }
+        if (q->topic) BSON_APPEND_UTF8(&f, "topic", q->topic);
+        BSON_APPEND_INT64(&opts, "limit", BATCH_ROUND);
+        BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+        BSON_APPEND_INT32(&proj, "_id", 1);
+        bson_append_document_end(&opts, &proj);
+        bson_t **docs = NULL;
+        size_t n = 0;
+        int r = mg_find_docs(j, cl, &f, &opts, NULL, &docs, &n);
+        bson_destroy(&f);
+        bson_destroy(&opts);
+        mongoc_collection_destroy(cl);
+        int64_t won = 0;
+        for (size_t i = 0; r == 0 && i < n && !j->err[0]; i++) {
+            char hex[25];
+            if (!mg_doc_oid(docs[i], hex)) continue;
+            free(q->id);
+            if (!(q->id = rb_strdup(hex))) { mg_fail(j, "out of memory"); break; }
+            q->count = 0;
+            for (int round = 0; round < ONE_ROUNDS && !one_round(j, c); round++) {}
+            won += q->count;
+            if (q->token) {     /* a run it took the lease of: told at the end (count_done) */
+                char **more = rb_realloc(q->runs, (q->nruns + 1) * 2 * sizeof *more);
+                if (more) {
+                    q->runs = more;
+                    q->runs[2 * q->nruns] = q->id;
+                    q->runs[2 * q->nruns + 1] = q->token;
+                    q->nruns++;
+                    q->id = NULL;
+                } else {
+                    free(q->token);     /* its renewal tells it instead */
+                }
+                q->token = NULL;
+            }
+        }
+        mg_docs_free(docs, n);
+        total += won;
+        if (r < 0 || j->err[0] || n < BATCH_ROUND || won == 0) break;
+    }
+    q->count = total;
+}
 static void one_work(mjob *j, mongoc_client_t *c)
 {
     for (int round = 0; round < ONE_ROUNDS && !one_round(j, c); round++) {}
@@ -500,12 +566,19 @@ static void count_done(mjob *j, const char *err)
     count_job *q = (count_job *)j;
     /* a cancel tells this process's dispatchers before its caller (on the loop's thread) */
     if (!err && q->token) rb_store_cancelled(&j->s->base, q->id, q->token);
+    for (size_t i = 0; i < q->nruns; i++) {
+        if (!err) rb_store_cancelled(&j->s->base, q->runs[2 * i], q->runs[2 * i + 1]);
+        free(q->runs[2 * i]);
+        free(q->runs[2 * i + 1]);
+    }
+    free(q->runs);
     j->cb.count(j->ud, err, err ? 0 : q->count);
     free(q->token);
     free(q->topic);
     free(q->id);
     free(q->reason);
     free(q->status);
+    free(q->cancel_status);
     free(q);
 }
 
@@ -526,8 +599,8 @@ void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, const char *topic,
     mg_submit((mstore *)st, &q->j);
 }
 
-void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
-              rb_count_cb cb, void *ud)
+void mg_purge(rb_store *st, const char *status, const char *topic, double older_than,
+              size_t limit, rb_count_cb cb, void *ud)
 {
     if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0 &&
                     strcmp(status, "cancelled") != 0)) {
@@ -541,7 +614,8 @@ void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
     }
     q->older_than = older_than;
     q->limit = limit;
-    if (!(q->status = rb_strdup(status))) {
+    q->topic = mg_dupstr(topic);
+    if (!(q->status = rb_strdup(status)) || (topic && !q->topic)) {
         count_done(&q->j, MG_OOM);
         return;
     }
@@ -560,6 +634,31 @@ static void one_op(rb_store *st, const char *what, const char *id, const char *r
     q->id = rb_strdup(id ? id : "");
     q->reason = mg_dupstr(reason);
     if (!q->status || !q->id || (reason && !q->reason)) {
+        count_done(&q->j, MG_OOM);
+        return;
+    }
+    mg_submit((mstore *)st, &q->j);
+}
+
+void mg_cancel_all(rb_store *st, const char *status, const char *topic, const char *reason,
+                   rb_count_cb cb, void *ud)
+{
+    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+        cb(ud, "mongodb: cancel takes status pending or processing", 0);
+        return;
+    }
+    count_job *q = mg_job_new((mstore *)st, sizeof *q, cancel_all_work, count_done,
+                              (rb_store_cb){.count = cb}, ud);
+    if (!q) {
+        cb(ud, MG_OOM, 0);
+        return;
+    }
+    q->status = rb_strdup("cancelled");
+    q->cancel_status = mg_dupstr(status);
+    q->topic = mg_dupstr(topic);
+    q->reason = mg_dupstr(reason);
+    if (!q->status || (status && !q->cancel_status) || (topic && !q->topic) ||
+        (reason && !q->reason)) {
         count_done(&q->j, MG_OOM);
         return;
     }

@@ -257,8 +257,10 @@ void mg_list(rb_store *st, const rb_list_req *req, rb_records_cb cb, void *ud);
 void mg_stats(rb_store *st, rb_stats_cb cb, void *ud);
 void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, const char *topic,
              rb_count_cb cb, void *ud);
-void mg_purge(rb_store *st, const char *status, double older_than, size_t limit,
-              rb_count_cb cb, void *ud);
+void mg_purge(rb_store *st, const char *status, const char *topic, double older_than,
+              size_t limit, rb_count_cb cb, void *ud);
+void mg_cancel_all(rb_store *st, const char *status, const char *topic, const char *reason,
+                   rb_count_cb cb, void *ud);
 /* operator.c, admin.c: for the dashboard */
 void mg_topic_stats(rb_store *st, rb_rows_cb cb, void *ud);
 void mg_pending_topics(rb_store *st, size_t scan_max, rb_rows_cb cb, void *ud);

@@ -215,6 +215,7 @@ static const rb_store_vtable mongo_vtable = {
     .pending_topics = mg_pending_topics,
     .bury = mg_bury,
     .cancel = mg_cancel,
+    .cancel_all = mg_cancel_all,
     .progress = mg_progress,
     .remove = mg_remove,
     .lease = mg_lease,

@@ -763,8 +763,8 @@ static void pg_kick(rb_store *bs, rb_kick_mode mode, const char *id, const char 
     op_submit_now(s, op);
 }
 
-static void pg_purge(rb_store *bs, const char *status, double older_than, size_t limit,
-                     rb_count_cb cb, void *ud)
+static void pg_purge(rb_store *bs, const char *status, const char *topic, double older_than,
+                     size_t limit, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
     if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0 &&
@@ -772,9 +772,9 @@ static void pg_purge(rb_store *bs, const char *status, double older_than, size_t
         cb(ud, "postgresql: purge deletes only completed, buried or cancelled deliveries", 0);
         return;
     }
-    pg_op *op = op_adhoc(s, s->sql_purge, 3, pg_count_done, ud);
+    pg_op *op = op_adhoc(s, s->sql_purge, 4, pg_count_done, ud);
     if (!op || !pg_op_param(op, 0, status) || !op_param_num(op, 1, older_than, 0) ||
-        (limit && !op_param_num(op, 2, (double)limit, 1))) {
+        (limit && !op_param_num(op, 2, (double)limit, 1)) || !pg_op_param(op, 3, topic)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", 0);
         return;
@@ -813,6 +813,7 @@ static void store_free(pg_store *s)
     free(s->sql_list_page);
     free(s->sql_bury_one);
     free(s->sql_cancel_one);
+    free(s->sql_cancel_all);
     free(s->sql_progress);
     free(s->sql_delete_one);
     free(s->sql_topic_stats);
@@ -879,6 +880,7 @@ static int build_sql(pg_store *s, const char *schema)
            (s->sql_list_page = Q(rb_pg_sql_list_page)) &&
            (s->sql_bury_one = Q(rb_pg_sql_bury_one)) &&
            (s->sql_cancel_one = Q(rb_pg_sql_cancel_one)) &&
+           (s->sql_cancel_all = Q(rb_pg_sql_cancel_all)) &&
            (s->sql_progress = Q(rb_pg_sql_progress)) &&
            (s->sql_delete_one = Q(rb_pg_sql_delete_one)) &&
            (s->sql_topic_stats = Q(rb_pg_sql_topic_stats)) &&
@@ -964,6 +966,37 @@ static void pg_cancel(rb_store *bs, const char *id, const char *reason, rb_count
     pg_op *op = op_adhoc(s, s->sql_cancel_one, 3, cancel_done, ud);
     if (!op || !pg_op_param(op, 0, id) || !pg_op_param(op, 1, reason) ||
         !pg_op_param(op, 2, s->base.table)) {
+        pg_op_free(op);
+        cb(ud, "postgresql: out of memory", 0);
+        return;
+    }
+    op->cb.count = cb;
+    op_submit_now(s, op);
+}
+
+/* The runs a cancel_all took the leases of: this process's dispatchers hear of them at once
+ * (the NOTIFY tells the others). count: the deliveries it cancelled. */
+static void cancel_all_done(pg_op *op, PGresult *res, const char *err)
+{
+    int n = err ? 0 : PQntuples(res);
+    for (int i = 0; i < n; i++)
+        if (!PQgetisnull(res, i, 1))
+            rb_store_cancelled(&op->s->base, PQgetvalue(res, i, 0), PQgetvalue(res, i, 1));
+    op->cb.count(op->ud, err, n);
+    pg_op_free(op);
+}
+
+static void pg_cancel_all(rb_store *bs, const char *status, const char *topic,
+                          const char *reason, rb_count_cb cb, void *ud)
+{
+    pg_store *s = (pg_store *)bs;
+    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+        cb(ud, "postgresql: cancel takes status pending or processing", 0);
+        return;
+    }
+    pg_op *op = op_adhoc(s, s->sql_cancel_all, 4, cancel_all_done, ud);
+    if (!op || !pg_op_param(op, 0, status) || !pg_op_param(op, 1, topic) ||
+        !pg_op_param(op, 2, reason) || !pg_op_param(op, 3, s->base.table)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", 0);
         return;
@@ -1126,6 +1159,7 @@ static const rb_store_vtable pg_vtable = {
     .pending_topics = pg_pending_topics,
     .bury = pg_bury,
     .cancel = pg_cancel,
+    .cancel_all = pg_cancel_all,
     .progress = pg_progress,
     .remove = pg_remove,
     .purge = pg_purge,

@@ -814,6 +814,17 @@ const char rb_pg_sql_cancel_one[] =
     "  RETURNING d.id, CASE WHEN old.was = 'processing' THEN old.tok END AS tok)"
     " SELECT id::text, tok, CASE WHEN tok IS NOT NULL"
     "  THEN pg_notify($3::text, 'cancel ' || id || ' ' || tok) END FROM upd";
+/* As cancel_one, for every live delivery of status $1 (NULL: both) and topic $2 (NULL: any),
+ * last_error $3, $4 the channel; locked in id order, running ones' leases told by NOTIFY. */
+const char rb_pg_sql_cancel_all[] =
+    "WITH old AS (SELECT id, status AS was, lease_token AS tok FROM \"@T\""
+    "  WHERE " LIVE " AND ($1::text IS NULL OR status = $1::text)"
+    "  AND ($2::text IS NULL OR topic = $2::text) ORDER BY id FOR UPDATE),"
+    " upd AS (UPDATE \"@T\" AS d SET status = 'cancelled', settled_at = now(),"
+    "  last_error = $3::text, lease_token = NULL FROM old WHERE d.id = old.id"
+    "  RETURNING d.id, CASE WHEN old.was = 'processing' THEN old.tok END AS tok)"
+    " SELECT id::text, tok, CASE WHEN tok IS NOT NULL"
+    "  THEN pg_notify($4::text, 'cancel ' || id || ' ' || tok) END FROM upd";
 const char rb_pg_sql_topic_stats[] =
     "SELECT topic, count(*) FILTER (WHERE status = 'pending') AS pending,"
     " count(*) FILTER (WHERE status = 'processing') AS processing,"
@@ -908,7 +919,7 @@ const char rb_pg_sql_purge[] =
     " AND " DUE " IS NULL AND status = 'processing' RETURNING 0)"
     " DELETE FROM \"@T\" WHERE id IN (SELECT id FROM \"@T\" WHERE status = $1::text"
     " AND coalesce(settled_at, created_at) <= now() - $2::float8 * interval '1 second'"
-    " LIMIT $3::bigint)";
+    " AND ($4::text IS NULL OR topic = $4::text) LIMIT $3::bigint)";
 
 
 /* "postgresql: " + msg on one line: libpq's messages carry newlines and tabs. */

@@ -1011,6 +1011,41 @@ static job_rc run_one(rb_sqlite *s, job *j)
     return conclude(j, rc, 1);
 }
 
+/* Cancels every live delivery of j->status (NULL: both) and j->topic (NULL: any); the leases
+ * of the running ones go to j->rows, for report_cancel_all to tell this process's dispatchers. */
+static job_rc run_cancel_all(rb_sqlite *s, job *j)
+{
+    j->count = 0;
+    if (j->rows) { rb_rowset_free(j->rows); j->rows = NULL; }   /* a busy retry starts anew */
+    sqlite3_stmt *st = NULL;
+    int rc = scope_begin(s, j);
+    if (rc == SQLITE_OK && (rc = prep(s, j, ST_CANCEL_ALL_RUNS, &st)) == SQLITE_OK) {
+        bind_text(st, 1, j->topic);
+        bind_text(st, 4, j->status);
+        if (!(j->rows = new_rowset(st))) rc = SQLITE_NOMEM;
+        while (rc == SQLITE_OK && (rc = step(s, j, st)) == SQLITE_ROW) rc = add_row(j->rows, st);
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+    }
+    if (rc == SQLITE_OK && (rc = prep(s, j, ST_CANCEL_ALL, &st)) == SQLITE_OK) {
+        bind_text(st, 1, j->topic);
+        sqlite3_bind_double(st, 2, rb_wall_time());
+        bind_text(st, 3, j->name);
+        bind_text(st, 4, j->status);
+        rc = run_to_done(s, j, st);
+    }
+    if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
+    rc = scope_end(s, j, rc);
+    if (rc != SQLITE_OK) {
+        j->count = 0;
+        if (rc == SQLITE_NOMEM) note_error(s, j, rc);
+        rb_rowset_free(j->rows);
+        j->rows = NULL;
+    }
+    return conclude(j, rc, 1);
+}
+
 /* Rows per topic: ?1 at most RB_TOPIC_STATS_MAX of them, ?2 (pending topics) j->limit. */
 static job_rc run_topic_rows(rb_sqlite *s, job *j, int which)
 {
@@ -1160,6 +1195,7 @@ static job_rc run_purge(rb_sqlite *s, job *j)
         sqlite3_bind_double(st, 2, rb_wall_time() - sane_secs(j->num));
         sqlite3_bind_int64(st, 3, j->limit ? (sqlite3_int64)(j->limit > INT32_MAX ? INT32_MAX
                                                                                : j->limit) : -1);
+        bind_text(st, 4, j->topic);
         rc = run_to_done(s, j, st);
     }
     if (rc == SQLITE_OK) j->count = sqlite3_changes(s->db);
@@ -1601,6 +1637,19 @@ static void report_one(job *j, const char *err)
 }
 
 static const job_type T_ONE = {run_one, report_one};
+
+/* This process's dispatchers hear of the runs a cancel_all took the leases of first. */
+static void report_cancel_all(job *j, const char *err)
+{
+    for (size_t i = 0; !err && j->rows && i < j->rows->nrows; i++) {
+        const rb_value *v = &j->rows->vals[i * (size_t)j->rows->ncols];
+        char id[24];
+        snprintf(id, sizeof id, "%lld", (long long)v[0].i);
+        if (v[1].type == RB_VTEXT) rb_store_cancelled(&j->s->base, id, v[1].s);
+    }
+    report_count(j, err);
+}
+static const job_type T_CANCEL_ALL = {run_cancel_all, report_cancel_all};
 static const job_type T_PROGRESS = {run_progress, report_count};
 static const job_type T_TOPIC_STATS = {run_topic_stats, report_rows};
 static const job_type T_PENDING_TOPICS = {run_pending_topics, report_rows};
@@ -1943,14 +1992,15 @@ static void sq_kick(rb_store *base, rb_kick_mode mode, const char *id, const cha
     submit(s, j);
 }
 
-static void sq_purge(rb_store *base, const char *status, double older_than, size_t limit,
-                     rb_count_cb cb, void *ud)
+static void sq_purge(rb_store *base, const char *status, const char *topic, double older_than,
+                     size_t limit, rb_count_cb cb, void *ud)
 {
     rb_sqlite *s = (rb_sqlite *)base;
     job *j = new_job(s, NULL, &T_PURGE, ud);
     if (!j) { cb(ud, OOM, 0); return; }
     j->cb.count = cb;
     j->status = keep(j, status);
+    j->topic = keep(j, topic);
     j->num = older_than;
     j->limit = limit;
     submit(s, j);
@@ -2014,6 +2064,23 @@ static void sq_limit(rb_store *base, const char *topic, const rb_limit *lim, rb_
 static void sq_limits(rb_store *base, rb_rows_cb cb, void *ud)
 {
     submit_rows(base, &T_LIMITS, cb, ud);
+}
+
+static void sq_cancel_all(rb_store *base, const char *status, const char *topic,
+                          const char *reason, rb_count_cb cb, void *ud)
+{
+    rb_sqlite *s = (rb_sqlite *)base;
+    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+        cb(ud, "sqlite: cancel takes status pending or processing", 0);
+        return;
+    }
+    job *j = new_job(s, NULL, &T_CANCEL_ALL, ud);
+    if (!j) { cb(ud, OOM, 0); return; }
+    j->cb.count = cb;
+    j->status = keep(j, status);
+    j->topic = keep(j, topic);
+    j->name = keep(j, reason);
+    submit(s, j);
 }
 
 static void sq_schedule(rb_store *base, const rb_schedule *sch, rb_count_cb cb, void *ud)
@@ -2282,6 +2349,7 @@ static const rb_store_vtable sqlite_vt = {
     .pending_topics = sq_pending_topics,
     .bury = sq_bury,
     .cancel = sq_cancel,
+    .cancel_all = sq_cancel_all,
     .progress = sq_progress,
     .remove = sq_remove,
     .lease = sq_lease,

@@ -200,7 +200,7 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " AND (?5 IS NULL OR topic = ?5)",
     [ST_PURGE] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
         " WHERE status IN ('completed','buried') AND status = ?1 AND settled_at < ?2"
-        " ORDER BY settled_at LIMIT ?3)",
+        " AND (?4 IS NULL OR topic = ?4) ORDER BY settled_at LIMIT ?3)",
     /* The lease's token goes (the run's later writes are refused), its expiry stays: a kick
      * makes the delivery due no earlier (KICK_SET). */
     [ST_BURY_ONE] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1, last_error = ?3,"
@@ -286,7 +286,16 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_DEP_MARK] = "UPDATE \"{t}\" SET has_dependents = 1 WHERE id = ?1"
         " AND has_dependents IS NOT 1",
     [ST_PURGE_CANCELLED] = "DELETE FROM \"{t}\" WHERE id IN (SELECT id FROM \"{t}\""
-        " WHERE status = 'cancelled' AND settled_at < ?2 ORDER BY settled_at LIMIT ?3)",
+        " WHERE status = 'cancelled' AND settled_at < ?2 AND (?4 IS NULL OR topic = ?4)"
+        " ORDER BY settled_at LIMIT ?3)",
+    /* cancel every live delivery (?4 of that status only) of topic ?1 (NULL: any), at ?2,
+     * last_error ?3; the running ones' leases, read first in the same write transaction */
+    [ST_CANCEL_ALL_RUNS] = "SELECT id, lease_token FROM \"{t}\" WHERE status IN ('pending','processing')"
+        " AND status = 'processing' AND (?4 IS NULL OR ?4 = 'processing')"
+        " AND (?1 IS NULL OR topic = ?1) AND lease_token IS NOT NULL",
+    [ST_CANCEL_ALL] = "UPDATE \"{t}\" SET status = 'cancelled', settled_at = ?2, last_error = ?3,"
+        " lease_token = NULL WHERE status IN ('pending','processing') AND (?4 IS NULL OR status = ?4)"
+        " AND (?1 IS NULL OR topic = ?1)",
 };
 
 char *rb_sqlite_expand(const char *tmpl, const char *table)
