@@ -245,6 +245,10 @@ static void on_stats(void *ud, const char *err, const rb_stats *st)
         lua_pushinteger(T, st->due);        lua_setfield(T, -2, "due");
         lua_pushnumber(T, st->oldest_due_age); lua_setfield(T, -2, "oldest_due_age");
         lua_pushinteger(T, st->stalled);    lua_setfield(T, -2, "stalled");
+        if (st->completed_estimated) {
+            lua_pushboolean(T, 1);
+            lua_setfield(T, -2, "completed_estimated");
+        }
         nres = 1;
     }
     rb_await_resolve(w, nres);
@@ -268,6 +272,7 @@ static void on_topic_stats(void *ud, const char *err, rb_rowset *rs)
             else lua_pushliteral(T, "");
             lua_setfield(T, -2, "topic");
             for (int c = 1; c <= RB_STATUS_COUNT; c++) {
+                if (v[c].type == RB_VNULL) continue;    /* not counted per topic: absent */
                 lua_pushinteger(T, v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT
                                        ? (lua_Integer)v[c].f : 0);
                 lua_setfield(T, -2, rb_status_name((rb_status)(c - 1)));

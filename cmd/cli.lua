@@ -960,6 +960,8 @@ function commands.stats(c)
       local v = s[k]
       if k == "oldest_due_age" then
         v = (v and (tonumber(s.due) or 0) > 0) and fmt_duration(v) or "-"
+      elseif k == "completed" and s.completed_estimated then
+        v = "~" .. fmt_int(v or 0) .. " (estimated)"     -- a large table
       else
         v = fmt_int(v or 0)
       end

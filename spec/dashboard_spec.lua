@@ -242,6 +242,51 @@ for _, entry in ipairs(S.list()) do
       end)
     end)
 
+    if entry.kind ~= "mongodb" then
+      it("on a table of more than 100,000 rows estimates the completed, says so everywhere, and counts the rest exactly", function()
+        local store, _, _, tbl = S.open(entry, { migrate = true })
+        assert(store:transaction(function(tx)
+          if entry.name == "postgresql" then
+            assert(tx:exec("INSERT INTO " .. tbl .. " (topic, payload, status, attempts, fence, settled_at)"
+              .. " SELECT 'big' || (i % 3), '{}'::jsonb, CASE WHEN i % 5000 = 0 THEN 'buried' ELSE 'completed' END,"
+              .. " 1, 1, now() FROM generate_series(1, 150000) AS i"))
+          else
+            assert(tx:exec("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < 150000)"
+              .. " INSERT INTO " .. tbl .. " (topic, payload, status, attempts, max_attempts, fence, run_at,"
+              .. " created_at, settled_at) SELECT 'big' || (i % 3), '{}', CASE WHEN i % 5000 = 0 THEN 'buried'"
+              .. " ELSE 'completed' END, 1, 25, 1, 1.7e9, 1.7e9, 1.7e9 FROM g"))
+          end
+        end))
+        if entry.name == "postgresql" then
+          assert(store:transaction(function(tx) assert(tx:exec("ANALYZE " .. tbl)) end))
+        end
+        for i = 1, 7 do assert(store:enqueue("big0", { i = i }, { delay = 3600 })) end
+        local st = assert(store:stats())
+        assert.is_true(st.completed_estimated)
+        assert.is_true(math.abs(st.completed - 149970) < 7500, "estimate " .. st.completed)
+        assert.equal(30, st.buried)
+        assert.equal(7, st.pending)
+        local topics = assert(store:_topic_stats())
+        assert.equal(3, #topics)
+        assert.is_nil(topics[1].completed, "no estimate per topic")
+        assert.equal(7, topics[1].pending)
+        assert.equal(10, topics[1].buried)      -- i % 5000 == 0: a third of them each
+        D.with_server(store, nil, function(_, call)
+          local _, text = call("GET", "/metrics")
+          assert.truthy(text:find('relaybus_deliveries_estimated{status="completed"} 1', 1, true), text)
+          assert.is_nil(text:find('relaybus_topic_deliveries{topic="big0",status="completed"}', 1, true))
+          assert.truthy(text:find('relaybus_topic_deliveries{topic="big0",status="buried"} 10', 1, true))
+          local _, _, j = call("GET", "/api/stats")
+          assert.is_true(j.completed_estimated)
+          assert.equal(relaybus.json.null, j.topics[1].completed)
+        end)
+        -- a small table counts them
+        local small = S.open(entry, { migrate = true, table = S.unique("small") })
+        assert(small:enqueue("s", 1))
+        assert.is_nil(assert(small:stats()).completed_estimated)
+      end)
+    end
+
     it("cancels every live delivery of a topic and deletes every settled one of a status and topic, with the token", function()
       local store = S.open(entry, { migrate = true })
       local a1 = assert(store:enqueue("bulk.a", 1, { delay = 3600 }))

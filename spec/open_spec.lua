@@ -44,7 +44,7 @@ local function runs_both(store, ids)
 end
 
 -- The current schema versions.
-local PG_VERSION, SQLITE_VERSION = 13, 7
+local PG_VERSION, SQLITE_VERSION = 14, 7
 local UNDO_SQLITE_7
 
 -- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of

@@ -277,6 +277,7 @@ static void write_topics(rb_buf *b, const rb_rowset *rs)
         if (v[0].type != RB_VTEXT) continue;
         for (int k = 0; k < RB_STATUS_COUNT; k++) {
             const rb_value *c = &v[1 + k];
+            if (c->type == RB_VNULL) continue;      /* not counted per topic (a large table) */
             long long n = c->type == RB_VINT ? (long long)c->i
                         : c->type == RB_VFLOAT ? (long long)c->f : 0;
             rb_buf_puts(b, "relaybus_topic_deliveries{topic=\"");
@@ -315,6 +316,11 @@ void rb_metrics_write_store(rb_buf *b, const rb_stats *st, const rb_rowset *topi
                      "relaybus_deliveries{status=\"cancelled\"} %lld\n",
                   (long long)st->pending, (long long)st->processing, (long long)st->completed,
                   (long long)st->buried, (long long)st->cancelled);
+    rb_buf_printf(b, "# HELP relaybus_deliveries_estimated Whether relaybus_deliveries of the"
+                     " status is the store's estimate (1) or a count (0).\n"
+                     "# TYPE relaybus_deliveries_estimated gauge\n"
+                     "relaybus_deliveries_estimated{status=\"completed\"} %d\n",
+                  st->completed_estimated != 0);
     rb_buf_printf(b, "# HELP relaybus_due_deliveries Deliveries due now (pending, or with an"
                      " expired lease).\n# TYPE relaybus_due_deliveries gauge\n"
                      "relaybus_due_deliveries %lld\n", (long long)st->due);

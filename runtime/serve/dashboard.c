@@ -375,7 +375,9 @@ static json_t *topics_json(const rb_rowset *rs)
         for (int c = 1; c <= RB_STATUS_COUNT; c++) {
             int64_t n = v[c].type == RB_VINT ? v[c].i : v[c].type == RB_VFLOAT ? (int64_t)v[c].f
                       : v[c].type == RB_VTEXT ? strtoll(v[c].s, NULL, 10) : 0;
-            json_object_set_new(o, rb_status_name((rb_status)(c - 1)), json_integer(n));
+            /* null: not counted per topic (the store's table is large) */
+            json_object_set_new(o, rb_status_name((rb_status)(c - 1)),
+                                v[c].type == RB_VNULL ? json_null() : json_integer(n));
         }
         json_array_append_new(a, o);
     }
@@ -406,10 +408,11 @@ static void answer_snapshot(req *r)
         respond_json(r, 200, json_pack("{s:b}", "ok", 1));
         return;
     }
-    json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:f,s:o,s:f,s:b}",
+    json_t *o = json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:b,s:I,s:I,s:f,s:o,s:f,s:b}",
         "deliveries", "pending", (json_int_t)d->st.pending, "processing",
         (json_int_t)d->st.processing, "completed", (json_int_t)d->st.completed, "buried",
-        (json_int_t)d->st.buried, "cancelled", (json_int_t)d->st.cancelled, "due", (json_int_t)d->st.due,
+        (json_int_t)d->st.buried, "cancelled", (json_int_t)d->st.cancelled,
+        "completed_estimated", d->st.completed_estimated != 0, "due", (json_int_t)d->st.due,
         "stalled", (json_int_t)d->st.stalled, "oldest_due_age",
         d->st.oldest_due_age, "topics", topics_json(d->topics), "time", rb_wall_time(),
         "read_only", d->token == NULL);

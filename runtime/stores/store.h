@@ -145,13 +145,16 @@ typedef struct rb_stats {
     double oldest_due_age;  /* s; 0 when nothing is due */
     int64_t stalled;        /* of the processing: those whose lease is over (their worker died
                              * or froze; the next claim takes them over) */
+    int completed_estimated;/* 1: `completed` is an estimate (SQLite and PostgreSQL: a table
+                             * of more than 100,000 rows) */
 } rb_stats;
 
 /* What the store's lease call does with a named lease (see the vtable's lease). */
 typedef enum rb_lease_op { RB_LEASE_ACQUIRE, RB_LEASE_EXTEND, RB_LEASE_RELEASE } rb_lease_op;
 /* topic_stats' rows: columns topic (text), pending, processing, completed, buried, cancelled
- * (ints), oldest_due_age (float: s since the earliest run_at of its pending deliveries, 0 when
- * none is due),
+ * (ints; completed NULL where the store counts them only in a small table: SQLite and
+ * PostgreSQL above 100,000 rows), oldest_due_age (float: s since the earliest run_at of its pending deliveries,
+ * 0 when none is due),
  * one row per topic, ordered by topic, at most RB_TOPIC_STATS_MAX rows. */
 #define RB_TOPIC_STATS_MAX 10000
 

@@ -50,7 +50,9 @@
     $('n-processing').textContent = fmtInt(d.processing);
     // leases that are over: the worker is gone; a claim takes them over (not "running")
     $('n-stalled').textContent = s.stalled > 0 ? '(' + fmtInt(s.stalled) + ' stalled)' : '';
-    $('n-completed').textContent = fmtInt(d.completed);
+    // (an estimate on a large PostgreSQL table: said so)
+    $('n-completed').textContent = (s.completed_estimated ? '\u2248' : '') + fmtInt(d.completed);
+    $('n-completed').title = s.completed_estimated ? 'estimated: the table is too large to count' : '';
     $('n-buried').textContent = fmtInt(d.buried);
     $('n-cancelled').textContent = fmtInt(d.cancelled);
     $('n-due').textContent = fmtInt(s.due);
@@ -62,7 +64,8 @@
       var tr = el('tr');
       tr.appendChild(el('td', t.topic));
       ['pending', 'processing', 'completed', 'buried', 'cancelled'].forEach(function (k) {
-        tr.appendChild(el('td', fmtInt(t[k]), 'status-' + k));
+        // (null: not counted per topic, the table is large)
+        tr.appendChild(el('td', t[k] === null ? '\u2013' : fmtInt(t[k]), 'status-' + k));
       });
       tb.appendChild(tr);
     });

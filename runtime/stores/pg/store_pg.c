@@ -358,7 +358,7 @@ void pg_count_done(pg_op *op, PGresult *res, const char *err)
 
 static void stats_done(pg_op *op, PGresult *res, const char *err)
 {
-    if (!err && (PQntuples(res) != 1 || PQnfields(res) < 8)) err = "postgresql: stats returned no row";
+    if (!err && (PQntuples(res) != 1 || PQnfields(res) < 9)) err = "postgresql: stats returned no row";
     if (err) { op->cb.stats(op->ud, err, NULL); pg_op_free(op); return; }
     rb_stats st = {
         .pending = strtoll(PQgetvalue(res, 0, 0), NULL, 10),
@@ -369,6 +369,7 @@ static void stats_done(pg_op *op, PGresult *res, const char *err)
         .due = strtoll(PQgetvalue(res, 0, 5), NULL, 10),
         .oldest_due_age = strtod(PQgetvalue(res, 0, 6), NULL),
         .stalled = strtoll(PQgetvalue(res, 0, 7), NULL, 10),
+        .completed_estimated = PQgetvalue(res, 0, 8)[0] == 't',
     };
     op->cb.stats(op->ud, NULL, &st);
     pg_op_free(op);

@@ -742,6 +742,11 @@ static const char *const migrations[] = {
     "CREATE TABLE IF NOT EXISTS \"@T_deps\" (id bigint NOT NULL, dep bigint NOT NULL);\n"
     "CREATE INDEX IF NOT EXISTS \"@T_deps_dep\" ON \"@T_deps\" (dep);\n"
     DEPS,
+    /* 14: the buried and the cancelled ones by topic and id: stats count them, and lists and
+     * the dashboard page through them, without reading the completed rows (millions of them
+     * before the retention deletes them). Building them reads the table once. */
+    "CREATE INDEX IF NOT EXISTS \"@T_buried\" ON \"@T\" (topic, id) WHERE status = 'buried';\n"
+    "CREATE INDEX IF NOT EXISTS \"@T_cancelled\" ON \"@T\" (topic, id) WHERE status = 'cancelled';\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -825,14 +830,37 @@ const char rb_pg_sql_cancel_all[] =
     "  RETURNING d.id, CASE WHEN old.was = 'processing' THEN old.tok END AS tok)"
     " SELECT id::text, tok, CASE WHEN tok IS NOT NULL"
     "  THEN pg_notify($4::text, 'cancel ' || id || ' ' || tok) END FROM upd";
+/* Stats that stay quick however many rows are settled: the live ones through "@T_due", the
+ * buried and the cancelled through their indexes (schema 14), and the completed counted only
+ * in a table of fewer than ESTIMATE_ABOVE rows; in a larger one they are the planner's estimate
+ * of the table's rows (pg_class, scaled to its size now, as the planner does) less the others,
+ * and the last column says so. */
+#define ESTIMATE_ABOVE "100000"
+#define TABLE_ROWS_ESTIMATE \
+    "(SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL ELSE c.reltuples / c.relpages" \
+    " * (pg_relation_size(c.oid) / current_setting('block_size')::float8) END FROM pg_class AS c" \
+    " WHERE c.oid = (SELECT tableoid FROM \"@T\" LIMIT 1))"
+/* Per topic, as quick as the stats: the live ones, the buried and the cancelled through their
+ * indexes; the completed ones counted only in a table of fewer than ESTIMATE_ABOVE rows (NULL
+ * in a larger one: no estimate per topic). */
 const char rb_pg_sql_topic_stats[] =
-    "SELECT topic, count(*) FILTER (WHERE status = 'pending') AS pending,"
-    " count(*) FILTER (WHERE status = 'processing') AS processing,"
-    " count(*) FILTER (WHERE status = 'completed') AS completed,"
-    " count(*) FILTER (WHERE status = 'buried') AS buried,"
-    " count(*) FILTER (WHERE status = 'cancelled') AS cancelled,"
-    " greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending')),"
-    " 0))::float8 AS oldest_due_age FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
+    "WITH live AS (SELECT topic, count(*) FILTER (WHERE status = 'pending') AS p,"
+    "  count(*) FILTER (WHERE status = 'processing') AS r,"
+    "  greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'"
+    "   AND run_at <= now())), 0))::float8 AS age FROM \"@T\" WHERE " LIVE " GROUP BY topic),"
+    " b AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'buried' GROUP BY topic),"
+    " c AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'cancelled' GROUP BY topic),"
+    " small AS (SELECT coalesce(" TABLE_ROWS_ESTIMATE " <= " ESTIMATE_ABOVE ", true) AS yes),"
+    " done AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'completed'"
+    "  AND (SELECT yes FROM small) GROUP BY topic),"
+    " t AS (SELECT topic FROM live UNION SELECT topic FROM b UNION SELECT topic FROM c"
+    "  UNION SELECT topic FROM done)"
+    " SELECT t.topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing,"
+    " CASE WHEN (SELECT yes FROM small) THEN coalesce(done.n, 0) END AS completed,"
+    " coalesce(b.n, 0) AS buried, coalesce(c.n, 0) AS cancelled,"
+    " coalesce(live.age, 0) AS oldest_due_age FROM t LEFT JOIN live USING (topic)"
+    " LEFT JOIN b USING (topic) LEFT JOIN c USING (topic) LEFT JOIN done USING (topic)"
+    " ORDER BY t.topic LIMIT $1::bigint";
 /* $1 the topic; a row only when the state changes. A resume wakes idle dispatchers ($2 the
  * channel, the table's name): the topic's deliveries may be due. */
 const char rb_pg_sql_pause[] =
@@ -888,14 +916,21 @@ const char rb_pg_sql_paused[] =
 const char rb_pg_sql_pending_topics[] =
     "SELECT c_topic AS topic, c_pending AS pending FROM \"@T_pending_topics\"($1::bigint, $2::bigint)";
 const char rb_pg_sql_stats[] =
-    "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'processing'),"
-    " count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'buried'),"
-    " count(*) FILTER (WHERE status = 'cancelled'),"
-    " count(*) FILTER (WHERE " LIVE " AND " DUE " <= now()),"
-    " coalesce(extract(epoch FROM now() - min(" DUE ") FILTER (WHERE " LIVE " AND " DUE " <= now()))"
-    "  ::float8, 0),"
-    " count(*) FILTER (WHERE status = 'processing' AND coalesce(lease_expires_at <= now(), true))"
-    " FROM \"@T\"";
+    "WITH live AS (SELECT count(*) FILTER (WHERE status = 'pending') AS p,"
+    "  count(*) FILTER (WHERE status = 'processing') AS r,"
+    "  count(*) FILTER (WHERE " DUE " <= now()) AS due,"
+    "  coalesce(extract(epoch FROM now() - min(" DUE ") FILTER (WHERE " DUE " <= now()))::float8, 0)"
+    "   AS age,"
+    "  count(*) FILTER (WHERE status = 'processing' AND coalesce(lease_expires_at <= now(), true))"
+    "   AS stalled FROM \"@T\" WHERE " LIVE "),"
+    " b AS (SELECT count(*) AS n FROM \"@T\" WHERE status = 'buried'),"
+    " c AS (SELECT count(*) AS n FROM \"@T\" WHERE status = 'cancelled'),"
+    " est AS (SELECT " TABLE_ROWS_ESTIMATE " AS n)"
+    " SELECT live.p, live.r, CASE WHEN est.n > " ESTIMATE_ABOVE
+    "  THEN greatest(0, round(est.n)::bigint - live.p - live.r - b.n - c.n)"
+    "  ELSE (SELECT count(*) FROM \"@T\" WHERE status = 'completed') END,"
+    " b.n, c.n, live.due, live.age, live.stalled, coalesce(est.n > " ESTIMATE_ABOVE ", false)"
+    " FROM live, b, c, est";
 /* A buried row whose topic and key are live again stays buried (the dedupe index forbids two
  * live ones); of several buried twins only the newest comes back. Due now, or, when an
  * operator buried it while it ran, when that run's lease ends: the run never outlives it.

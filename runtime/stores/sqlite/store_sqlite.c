@@ -933,6 +933,12 @@ static job_rc run_stats(rb_sqlite *s, job *j)
         double oldest = sqlite3_column_double(st, 6);
         j->st.oldest_due_age = j->st.due && now > oldest ? now - oldest : 0;
         j->st.stalled = sqlite3_column_int64(st, 7);
+        if (j->st.completed < 0) {      /* a large table: its rows (the id span) less the others */
+            int64_t rest = sqlite3_column_int64(st, 8) - j->st.pending - j->st.processing -
+                           j->st.buried - j->st.cancelled;
+            j->st.completed = rest > 0 ? rest : 0;
+            j->st.completed_estimated = 1;
+        }
     }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
@@ -1056,7 +1062,8 @@ static job_rc run_topic_rows(rb_sqlite *s, job *j, int which)
     if (rc == SQLITE_OK) {
         sqlite3_bind_int64(st, 1, RB_TOPIC_STATS_MAX);
         if (which == ST_PENDING_TOPICS) sqlite3_bind_int64(st, 2, (sqlite3_int64)j->limit);
-        if (which == ST_TOPIC_STATS) sqlite3_bind_double(st, 2, rb_wall_time());
+        if (which == ST_TOPIC_STATS || which == ST_TOPIC_STATS_LARGE)
+            sqlite3_bind_double(st, 2, rb_wall_time());
         while ((rc = step(s, j, st)) == SQLITE_ROW)
             if ((rc = add_row(j->rows, st)) != SQLITE_OK) break;
         if (rc == SQLITE_DONE) rc = SQLITE_OK;
@@ -1067,7 +1074,18 @@ static job_rc run_topic_rows(rb_sqlite *s, job *j, int which)
     return conclude(j, rc, 1);
 }
 
-static job_rc run_topic_stats(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_TOPIC_STATS); }
+/* Per topic: counted whole in a small table, without the completed in a large one. */
+static job_rc run_topic_stats(rb_sqlite *s, job *j)
+{
+    sqlite3_stmt *st;
+    int rc = prep(s, j, ST_ID_SPAN, &st);
+    if (rc != SQLITE_OK) return conclude(j, rc, 1);
+    rc = step(s, j, st);
+    int64_t span = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st);
+    if (rc != SQLITE_ROW) return conclude(j, rc, 1);
+    return run_topic_rows(s, j, span > ESTIMATE_ABOVE_ROWS ? ST_TOPIC_STATS_LARGE : ST_TOPIC_STATS);
+}
 static job_rc run_pending_topics(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_PENDING_TOPICS); }
 static job_rc run_paused(rb_sqlite *s, job *j) { return run_topic_rows(s, j, ST_PAUSED); }
 

@@ -137,6 +137,13 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " lease_boot = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN NULL ELSE lease_boot END," \
     " lease_until = CASE WHEN " NO_LIVE_LEASE("?3", "?4", "?1") " THEN NULL ELSE lease_until END"
 
+/* How many rows the table holds at most: the span of its ids, each read from one end of the
+ * rowid b-tree (two subqueries: SQLite reads one min() or max() of an index quickly, not
+ * both at once). Above ESTIMATE_ABOVE_ROWS the completed ones are not counted (a scan of millions
+ * of index entries): stats estimate them from it, less the others, and per topic leave them
+ * out. A purge deletes the oldest rows, so the span stays close to the rows held. */
+#define ID_SPAN "coalesce((SELECT max(id) FROM \"{t}\") - (SELECT min(id) FROM \"{t}\") + 1, 0)"
+
 /* The run_at of a delivery held behind its dependencies: after every time a run_at can be
  * (RB_MAX_EPOCH). */
 #define HELD_RUN_AT "1e300"
@@ -183,14 +190,16 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         "   AND status = 'pending'),"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND status = 'processing'),"
-        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
-        "   AND status = 'completed'),"
+        " CASE WHEN " ID_SPAN " > " TEXT_OF(ESTIMATE_ABOVE_ROWS) " THEN -1 ELSE"
+        "  (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
+        "   AND status = 'completed') END,"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
         "   AND status = 'buried'),"
         " (SELECT count(*) FROM \"{t}\" WHERE status = 'cancelled'),"
         " count(*), min(run_at),"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND status = 'processing' AND " NO_LIVE_LEASE("?2", "?3", "?1") ")"
+        " , " ID_SPAN
         " FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND run_at <= ?1 AND " NO_LIVE_LEASE("?2", "?3", "?1"),
     [ST_KICK_ONE] = "UPDATE \"{t}\" SET status = 'pending', attempts = 0," KICK_SET
@@ -212,6 +221,20 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " sum(status = 'buried') AS buried, sum(status = 'cancelled') AS cancelled,"
         " max(0, ?2 - coalesce(min(CASE WHEN status = 'pending' THEN run_at END), ?2))"
         " AS oldest_due_age FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
+    /* the same for a large table (ST_ID_SPAN above ESTIMATE_ABOVE_ROWS): the live, the buried
+     * and the cancelled through their indexes, the completed left out (NULL) */
+    [ST_TOPIC_STATS_LARGE] = "WITH live AS (SELECT topic, sum(status = 'pending') AS p,"
+        "  sum(status = 'processing') AS r, min(CASE WHEN status = 'pending' THEN run_at END) AS m"
+        "  FROM \"{t}\" WHERE status IN ('pending','processing') GROUP BY topic),"
+        " b AS (SELECT topic, count(*) AS n FROM \"{t}\" WHERE status IN ('completed','buried')"
+        "  AND status = 'buried' GROUP BY topic),"
+        " c AS (SELECT topic, count(*) AS n FROM \"{t}\" WHERE status = 'cancelled' GROUP BY topic),"
+        " t AS (SELECT topic FROM live UNION SELECT topic FROM b UNION SELECT topic FROM c)"
+        " SELECT t.topic AS topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing,"
+        " NULL AS completed, coalesce(b.n, 0) AS buried, coalesce(c.n, 0) AS cancelled,"
+        " max(0, ?2 - coalesce(live.m, ?2)) AS oldest_due_age FROM t LEFT JOIN live USING (topic)"
+        " LEFT JOIN b USING (topic) LEFT JOIN c USING (topic) ORDER BY t.topic LIMIT ?1",
+    [ST_ID_SPAN] = "SELECT " ID_SPAN,
     /* the earliest due pending deliveries, at most ?2, through "{t}_due" (its own WHERE term
      * repeated: SQLite uses a partial index only for a query that states its condition) */
     [ST_PENDING_TOPICS] = "SELECT topic, count(*) AS pending FROM (SELECT topic FROM \"{t}\""

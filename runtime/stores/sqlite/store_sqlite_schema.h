@@ -29,7 +29,7 @@ enum {
     ST_LIMITS, ST_CLAIM_TOPICS, ST_LIMIT_SET, ST_LIMIT_CLEAR, ST_RUNNING, ST_STARTS, ST_START_ADD, ST_STARTS_TRIM,
     ST_SCHEDULE_FIND, ST_SCHEDULE_SET, ST_UNSCHEDULE, ST_SCHEDULES, ST_SCHEDULE_FIRE,
     ST_DEP_STATUS, ST_DEP_HOLD, ST_DEP_CANCEL, ST_DEP_ADD, ST_DEP_MARK,
-    ST_CANCEL_ALL_RUNS, ST_CANCEL_ALL,
+    ST_CANCEL_ALL_RUNS, ST_CANCEL_ALL, ST_TOPIC_STATS_LARGE, ST_ID_SPAN,
     ST_COUNT
 };
 
@@ -50,6 +50,10 @@ enum {
 #define NAMED_OVER "(CASE WHEN boot IS NULL OR ?5 IS NULL THEN expires_at <= ?3" \
     " WHEN boot = ?5 THEN until <= ?6" \
     " WHEN substr(boot, 1, 36) = substr(?5, 1, 36) THEN expires_at <= ?3 ELSE 1 END)"
+
+/* Above this many rows (the span of the ids) the completed are estimated, not counted (ID_SPAN
+ * in store_sqlite_schema.c). */
+#define ESTIMATE_ABOVE_ROWS 100000
 
 /* The statements, by ST_ number: templates with "{t}" for the table (rb_sqlite_expand). */
 extern const char *const rb_sqlite_stmt_sql[ST_COUNT];
