@@ -815,6 +815,8 @@ static void store_free(pg_store *s)
     free(s->sql_bury_one);
     free(s->sql_cancel_one);
     free(s->sql_cancel_all);
+    free(s->sql_table_large);
+    free(s->sql_topic_stats_large);
     free(s->sql_progress);
     free(s->sql_delete_one);
     free(s->sql_topic_stats);
@@ -882,6 +884,8 @@ static int build_sql(pg_store *s, const char *schema)
            (s->sql_bury_one = Q(rb_pg_sql_bury_one)) &&
            (s->sql_cancel_one = Q(rb_pg_sql_cancel_one)) &&
            (s->sql_cancel_all = Q(rb_pg_sql_cancel_all)) &&
+           (s->sql_table_large = Q(rb_pg_sql_table_large)) &&
+           (s->sql_topic_stats_large = Q(rb_pg_sql_topic_stats_large)) &&
            (s->sql_progress = Q(rb_pg_sql_progress)) &&
            (s->sql_delete_one = Q(rb_pg_sql_delete_one)) &&
            (s->sql_topic_stats = Q(rb_pg_sql_topic_stats)) &&
@@ -910,9 +914,29 @@ static void topic_rows(pg_store *s, const char *sql, rb_rows_cb cb, void *ud)
     op_submit_now(s, op);
 }
 
+/* The table's size is known: the counts per topic of its form (rb_pg_sql_topic_stats). */
+static void table_large_done(pg_op *op, PGresult *res, const char *err)
+{
+    pg_store *s = op->s;
+    rb_rows_cb cb = op->cb.rows;
+    void *ud = op->ud;
+    int large = !err && PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    if (err) {
+        cb(ud, err, NULL);
+        pg_op_free(op);
+        return;
+    }
+    pg_op_free(op);
+    topic_rows(s, large ? s->sql_topic_stats_large : s->sql_topic_stats, cb, ud);
+}
+
 static void pg_topic_stats(rb_store *bs, rb_rows_cb cb, void *ud)
 {
-    topic_rows((pg_store *)bs, ((pg_store *)bs)->sql_topic_stats, cb, ud);
+    pg_store *s = (pg_store *)bs;
+    pg_op *op = op_adhoc(s, s->sql_table_large, 0, table_large_done, ud);
+    if (!op) { cb(ud, "postgresql: out of memory", NULL); return; }
+    op->cb.rows = cb;
+    op_submit_now(s, op);
 }
 
 static void pg_pending_topics(rb_store *bs, size_t scan_max, rb_rows_cb cb, void *ud)

@@ -102,7 +102,7 @@ struct pg_store {
     char *sql_list_page, *sql_bury_one, *sql_cancel_one, *sql_progress, *sql_delete_one, *sql_topic_stats, *sql_pending_topics;
     char *sql_pause, *sql_resume, *sql_paused, *sql_limit_set, *sql_limit_clear, *sql_limits;
     char *sql_schedule_set, *sql_unschedule, *sql_schedules, *sql_schedule_fire;
-    char *sql_cancel_all;
+    char *sql_cancel_all, *sql_table_large, *sql_topic_stats_large;
     pg_conn *conns;             /* pool: connecting and ready */
     pg_conn *graveyard;         /* freed when no callback is on the stack */
     RB_FIFO(pg_op) ops;         /* ordinary operations waiting for a connection */

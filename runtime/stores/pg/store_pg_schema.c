@@ -840,27 +840,33 @@ const char rb_pg_sql_cancel_all[] =
     "(SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL ELSE c.reltuples / c.relpages" \
     " * (pg_relation_size(c.oid) / current_setting('block_size')::float8) END FROM pg_class AS c" \
     " WHERE c.oid = (SELECT tableoid FROM \"@T\" LIMIT 1))"
-/* Per topic, as quick as the stats: the live ones, the buried and the cancelled through their
- * indexes; the completed ones counted only in a table of fewer than ESTIMATE_ABOVE rows (NULL
- * in a larger one: no estimate per topic). */
+/* Per topic: in a small table (rb_pg_sql_table_large false) every count; in a large one the
+ * live ones, the buried and the cancelled through their indexes, and the completed left out
+ * (NULL: no estimate per topic). Two statements, chosen by the first: one with both forms
+ * behind a one-time filter still started parallel workers for the count it never ran. */
+const char rb_pg_sql_table_large[] =
+    "SELECT coalesce(" TABLE_ROWS_ESTIMATE " > " ESTIMATE_ABOVE ", false)";
 const char rb_pg_sql_topic_stats[] =
+    "SELECT topic, count(*) FILTER (WHERE status = 'pending') AS pending,"
+    " count(*) FILTER (WHERE status = 'processing') AS processing,"
+    " count(*) FILTER (WHERE status = 'completed') AS completed,"
+    " count(*) FILTER (WHERE status = 'buried') AS buried,"
+    " count(*) FILTER (WHERE status = 'cancelled') AS cancelled,"
+    " greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'"
+    "  AND run_at <= now())), 0))::float8 AS oldest_due_age"
+    " FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
+const char rb_pg_sql_topic_stats_large[] =
     "WITH live AS (SELECT topic, count(*) FILTER (WHERE status = 'pending') AS p,"
     "  count(*) FILTER (WHERE status = 'processing') AS r,"
     "  greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'"
     "   AND run_at <= now())), 0))::float8 AS age FROM \"@T\" WHERE " LIVE " GROUP BY topic),"
     " b AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'buried' GROUP BY topic),"
     " c AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'cancelled' GROUP BY topic),"
-    " small AS (SELECT coalesce(" TABLE_ROWS_ESTIMATE " <= " ESTIMATE_ABOVE ", true) AS yes),"
-    " done AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'completed'"
-    "  AND (SELECT yes FROM small) GROUP BY topic),"
-    " t AS (SELECT topic FROM live UNION SELECT topic FROM b UNION SELECT topic FROM c"
-    "  UNION SELECT topic FROM done)"
+    " t AS (SELECT topic FROM live UNION SELECT topic FROM b UNION SELECT topic FROM c)"
     " SELECT t.topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing,"
-    " CASE WHEN (SELECT yes FROM small) THEN coalesce(done.n, 0) END AS completed,"
-    " coalesce(b.n, 0) AS buried, coalesce(c.n, 0) AS cancelled,"
+    " NULL::bigint AS completed, coalesce(b.n, 0) AS buried, coalesce(c.n, 0) AS cancelled,"
     " coalesce(live.age, 0) AS oldest_due_age FROM t LEFT JOIN live USING (topic)"
-    " LEFT JOIN b USING (topic) LEFT JOIN c USING (topic) LEFT JOIN done USING (topic)"
-    " ORDER BY t.topic LIMIT $1::bigint";
+    " LEFT JOIN b USING (topic) LEFT JOIN c USING (topic) ORDER BY t.topic LIMIT $1::bigint";
 /* $1 the topic; a row only when the state changes. A resume wakes idle dispatchers ($2 the
  * channel, the table's name): the topic's deliveries may be due. */
 const char rb_pg_sql_pause[] =

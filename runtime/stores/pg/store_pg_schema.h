@@ -18,7 +18,7 @@ extern const char rb_pg_sql_list[], rb_pg_sql_list_page[], rb_pg_sql_bury_one[],
     rb_pg_sql_limit_clear[], rb_pg_sql_limits[], rb_pg_sql_stats[], rb_pg_sql_kick[],
     rb_pg_sql_purge[], rb_pg_sql_cancel_one[], rb_pg_sql_progress[], rb_pg_sql_schedule_set[],
     rb_pg_sql_unschedule[], rb_pg_sql_schedules[], rb_pg_sql_schedule_fire[],
-    rb_pg_sql_cancel_all[];
+    rb_pg_sql_cancel_all[], rb_pg_sql_table_large[], rb_pg_sql_topic_stats_large[];
 
 /* "postgresql: " + msg on one line: libpq's messages carry newlines and tabs. */
 void rb_pg_one_line(char *out, size_t outlen, const char *msg);
