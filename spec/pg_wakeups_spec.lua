@@ -137,6 +137,13 @@ describe("idle dispatchers on PostgreSQL sleep until the next delivery falls due
     end)
   end)
 
+  it("a schedule made by another process is read at once (NOTIFY), not a listen_poll_interval later", function()
+    woken("sched", function(other)
+      assert(other:schedule("s", { every = 2, topic = "t" }))
+      return assert(other:schedules())[1].next_at - relaybus.time() + relaybus.now()
+    end)
+  end)
+
   it("a retry scheduled by another dispatcher that then stops runs when it falls due, not a lease or a poll later", function()
     local t = S.unique("retry")
     local store, other = open_sleepy(t), assert(relaybus.open(entry.url(), { table = t }))

@@ -129,6 +129,7 @@ struct faults_store {
     /* the inner store's in-process hooks, which the wrapper passes on and keeps calling */
     void (*inner_wakeup)(void *ud);
     void (*inner_cancelled)(void *ud, const char *id, const char *token);
+    void (*inner_schedules)(void *ud);
     void *inner_hooks_ud;
     faults_store *next_live;
 };
@@ -994,6 +995,7 @@ static void fw_close(rb_store *s)
     if (inner_usable(fs) && fs->inner->local_wakeup_ud == fs) {   /* the inner's hooks back */
         fs->inner->local_wakeup = fs->inner_wakeup;
         fs->inner->local_cancelled = fs->inner_cancelled;
+        fs->inner->local_schedules = fs->inner_schedules;
         fs->inner->local_wakeup_ud = fs->inner_hooks_ud;
     }
     fs->refs++;
@@ -1142,6 +1144,13 @@ static void fw_local_cancelled(void *ud, const char *id, const char *token)
     if (!fs->closed) rb_store_cancelled(&fs->base, id, token);
 }
 
+static void fw_local_schedules(void *ud)
+{
+    faults_store *fs = ud;
+    if (fs->inner_schedules) fs->inner_schedules(fs->inner_hooks_ud);
+    if (!fs->closed) rb_store_schedules_changed(&fs->base);
+}
+
 void rb_faults_set_script(rb_store *s, const rb_fault_script *script)
 {
     RB_ASSERT(rb_store_is_faults(s));
@@ -1260,9 +1269,11 @@ rb_store *rb_faults_wrap(rb_store *inner, const rb_faults_options *o, char *err,
     fs->base.loop = inner->loop;
     fs->inner_wakeup = inner->local_wakeup;
     fs->inner_cancelled = inner->local_cancelled;
+    fs->inner_schedules = inner->local_schedules;
     fs->inner_hooks_ud = inner->local_wakeup_ud;
     inner->local_wakeup = fw_local_wakeup;
     inner->local_cancelled = fw_local_cancelled;
+    inner->local_schedules = fw_local_schedules;
     inner->local_wakeup_ud = fs;
     ev_async_init(&fs->async, on_async);
     fs->async.data = fs;

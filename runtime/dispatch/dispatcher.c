@@ -115,12 +115,21 @@ static void on_local_cancel(void *ud, const char *id, const char *token)
     }
 }
 
+/* A schedule changed: every running dispatcher on the store reads them again. */
+static void on_local_schedules(void *ud)
+{
+    disp_shared *sh = disp_shared_of(ud);
+    for (rb_dispatcher *d = sh ? sh->dispatchers : NULL; d; d = d->next_on_store)
+        disp_schedules_changed(d);
+}
+
 static void wake_list_add(rb_dispatcher *d, disp_shared *sh)
 {
     d->next_on_store = sh->dispatchers;
     sh->dispatchers = d;
     d->store->local_wakeup = on_local_enqueue;
     d->store->local_cancelled = on_local_cancel;
+    d->store->local_schedules = on_local_schedules;
     d->store->local_wakeup_ud = d->store;
 }
 

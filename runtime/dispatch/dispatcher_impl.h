@@ -228,6 +228,7 @@ void disp_retention_stop(rb_dispatcher *d);
 typedef struct disp_schedules disp_schedules;
 int disp_schedules_start(rb_dispatcher *d);
 void disp_schedules_stop(rb_dispatcher *d);
+void disp_schedules_changed(rb_dispatcher *d);   /* read them again now (or after this round) */
 
 /* every.c: the jobs start with the dispatcher, stop waiting at its stop, go with it */
 void disp_every_start(rb_dispatcher *d);

@@ -7,8 +7,8 @@
  * read (store.h, schedule_fire). So each tick is enqueued once whichever dispatchers race for
  * it, and a schedule whose ticks were missed (every process down) fires one tick, the first it
  * missed, and goes on from now: never a flood. The next round comes when the earliest next_at
- * falls due, and at least every `period` (poll_interval, within 0.1-1 s): so a schedule that
- * another process made or changed is seen that soon. */
+ * falls due, at once when a schedule changed (rb_store_schedules_changed: here, or on
+ * PostgreSQL in any process), and at least every `period`. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +33,7 @@ struct disp_schedules {
     size_t firing;              /* fires out */
     double soonest;             /* wall clock: the earliest next tick this round saw */
     int failed;                 /* the round met a store error: the next one a period later */
+    int changed;                /* a schedule changed during the round: another one at once */
     double warned_at;           /* monotonic: the last warning about a broken schedule */
 };
 
@@ -47,6 +48,8 @@ static void round_end(disp_schedules *r)
 {
     if (r->reading || r->firing || !r->d || disp_winding_down(r->d)) return;
     double wait = r->failed ? r->period : fmin(r->period, fmax(0.01, r->soonest - rb_wall_time()));
+    if (r->changed && !r->failed) wait = 0;
+    r->changed = 0;
     rb_timer_set(&r->timer, wait, 0);
     rb_timer_start(r->d->loop, &r->timer);
 }
@@ -131,6 +134,19 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     r->store->vt->schedules(r->store, on_rows, r);
 }
 
+void disp_schedules_changed(rb_dispatcher *d)
+{
+    disp_schedules *r = d->schedules;
+    if (!r || disp_winding_down(d)) return;
+    if (r->reading || r->firing) {
+        r->changed = 1;         /* this round may have read it before the change */
+        return;
+    }
+    rb_timer_stop(d->loop, &r->timer);
+    rb_timer_set(&r->timer, 0, 0);
+    rb_timer_start(d->loop, &r->timer);
+}
+
 int disp_schedules_start(rb_dispatcher *d)
 {
     const rb_store_vtable *vt = d->store->vt;
@@ -139,7 +155,12 @@ int disp_schedules_start(rb_dispatcher *d)
     if (!r) return -1;
     r->d = d;
     r->store = d->store;
+    /* A store that tells every process of a change (PostgreSQL's NOTIFY) is read again
+     * then, and otherwise when the earliest tick falls due, or every listen_poll_interval: an
+     * idle dispatcher there sends nothing in between. Elsewhere every poll_interval, within
+     * 0.1 to 1 s: a schedule another process made is seen that soon. */
     r->period = fmin(fmax(d->opt.poll_interval, 0.1), 1.0);
+    if (vt->set_wakeup) r->period = fmax(r->period, d->opt.listen_poll_interval);
     rb_timer_init(&r->timer, on_timer, 0, 0);      /* the first round at once */
     r->timer.w.data = r;
     rb_timer_start(d->loop, &r->timer);

@@ -219,6 +219,11 @@ void rb_store_cancelled(rb_store *s, const char *id, const char *token)
     if (s->local_cancelled && id && token) s->local_cancelled(s->local_wakeup_ud, id, token);
 }
 
+void rb_store_schedules_changed(rb_store *s)
+{
+    if (s->local_schedules) s->local_schedules(s->local_wakeup_ud);
+}
+
 void rb_rowset_free(rb_rowset *rs)
 {
     if (!rs) return;

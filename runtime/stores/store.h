@@ -418,6 +418,9 @@ struct rb_store {
     /* The run of delivery `id` under lease `token` was cancelled:
      * the dispatcher layer aborts it. Called through rb_store_cancelled. */
     void (*local_cancelled)(void *ud, const char *id, const char *token);
+    /* A schedule was made, changed or removed (here, or on PostgreSQL in any process): the
+     * dispatcher layer reads the schedules again. Called through rb_store_schedules_changed. */
+    void (*local_schedules)(void *ud);
     /* The dispatcher layer's state for the dispatchers on this store (dispatch/
      * dispatcher_impl.h, disp_shared: the registry of their unsettled runs, the list a local
      * enqueue wakes, what their claims learnt of the store): opaque here, made by the first
@@ -474,5 +477,7 @@ void rb_store_notify_local(rb_store *s);            /* call after a commit that 
 /* call when a cancel took delivery `id` (as the store writes ids) out of processing, under
  * lease `token` */
 void rb_store_cancelled(rb_store *s, const char *id, const char *token);
+/* call when a schedule of s was made, changed or removed */
+void rb_store_schedules_changed(rb_store *s);
 
 #endif

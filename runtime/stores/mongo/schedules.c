@@ -89,9 +89,18 @@ static void count_done(mjob *j, const char *err)
     sched_free(q);
 }
 
+/* A schedule made, changed or removed: this process's dispatchers read them again. */
+static void changed_done(mjob *j, const char *err)
+{
+    sched_job *q = (sched_job *)j;
+    if (!err && (j->work == schedule_work || q->count) && !j->s->closing)
+        rb_store_schedules_changed(&j->s->base);
+    count_done(j, err);
+}
+
 void mg_schedule(rb_store *st, const rb_schedule *sch, rb_count_cb cb, void *ud)
 {
-    sched_job *q = sched_new((mstore *)st, schedule_work, count_done, (rb_store_cb){.count = cb}, ud);
+    sched_job *q = sched_new((mstore *)st, schedule_work, changed_done, (rb_store_cb){.count = cb}, ud);
     if (q) {
         q->name = rb_strdup(sch->name);
         q->topic = rb_strdup(sch->topic);
@@ -129,7 +138,7 @@ static void unschedule_work(mjob *j, mongoc_client_t *c)
 
 void mg_unschedule(rb_store *st, const char *name, rb_count_cb cb, void *ud)
 {
-    sched_job *q = sched_new((mstore *)st, unschedule_work, count_done, (rb_store_cb){.count = cb}, ud);
+    sched_job *q = sched_new((mstore *)st, unschedule_work, changed_done, (rb_store_cb){.count = cb}, ud);
     if (!q || !(q->name = rb_strdup(name ? name : ""))) {
         if (q) sched_free(q);
         cb(ud, MG_OOM, 0);

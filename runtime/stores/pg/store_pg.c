@@ -1103,6 +1103,7 @@ static void pg_limits(rb_store *bs, rb_rows_cb cb, void *ud)
 static void schedule_set_done(pg_op *op, PGresult *res, const char *err)
 {
     int64_t made = !err && PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "1") == 0;
+    if (!err && !op->s->closed) rb_store_schedules_changed(&op->s->base);
     op->cb.count(op->ud, err, made);
     pg_op_free(op);
 }
@@ -1119,11 +1120,12 @@ static void fire_done(pg_op *op, PGresult *res, const char *err)
 static void pg_schedule(rb_store *bs, const rb_schedule *sch, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    pg_op *op = op_adhoc(s, s->sql_schedule_set, 7, schedule_set_done, ud);
+    pg_op *op = op_adhoc(s, s->sql_schedule_set, 8, schedule_set_done, ud);
     int ok = op && pg_op_param(op, 0, sch->name) && pg_op_param(op, 1, sch->topic) &&
              pg_op_param(op, 2, sch->payload) && pg_op_param(op, 3, sch->cron) &&
              (sch->cron || op_param_num(op, 4, sch->every, 0)) &&
-             pg_op_param(op, 5, sch->timezone) && op_param_num(op, 6, sch->next_at, 0);
+             pg_op_param(op, 5, sch->timezone) && op_param_num(op, 6, sch->next_at, 0) &&
+             pg_op_param(op, 7, s->base.table);
     if (!ok) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", 0);
@@ -1133,11 +1135,20 @@ static void pg_schedule(rb_store *bs, const rb_schedule *sch, rb_count_cb cb, vo
     op_submit_now(s, op);
 }
 
+/* count: 1 when one was removed */
+static void unschedule_done(pg_op *op, PGresult *res, const char *err)
+{
+    int64_t n = err ? 0 : PQntuples(res);
+    if (n && !op->s->closed) rb_store_schedules_changed(&op->s->base);
+    op->cb.count(op->ud, err, n);
+    pg_op_free(op);
+}
+
 static void pg_unschedule(rb_store *bs, const char *name, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    pg_op *op = op_adhoc(s, s->sql_unschedule, 1, pg_count_done, ud);
-    if (!op || !pg_op_param(op, 0, name ? name : "")) {
+    pg_op *op = op_adhoc(s, s->sql_unschedule, 2, unschedule_done, ud);
+    if (!op || !pg_op_param(op, 0, name ? name : "") || !pg_op_param(op, 1, s->base.table)) {
         pg_op_free(op);
         cb(ud, "postgresql: out of memory", 0);
         return;

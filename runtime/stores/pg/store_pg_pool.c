@@ -537,13 +537,16 @@ void pg_listen_stop(pg_store *s)
 
 /* Notifications are hints: any number of them since the last read is one wake-up. After a
  * (re)connect, wake once too: NOTIFYs sent while the listener was away are lost. */
-/* "cancel ID TOKEN" (rb_pg_sql_cancel_one): the run of ID under TOKEN was cancelled. Other
- * payloads (the empty one of an enqueue) only wake. */
-static void notified_cancel(pg_store *s, const char *payload)
+/* "cancel ID TOKEN" (rb_pg_sql_cancel_one): the run of ID under TOKEN was cancelled;
+ * "schedules": a schedule was made, changed or removed. Other payloads (the empty one of an
+ * enqueue) only wake. */
+static void notified(pg_store *s, const char *payload)
 {
     char id[24], token[65];
     if (payload && sscanf(payload, "cancel %23[0-9] %64[0-9a-f]", id, token) == 2)
         rb_store_cancelled(&s->base, id, token);
+    else if (payload && strcmp(payload, "schedules") == 0)
+        rb_store_schedules_changed(&s->base);
 }
 
 static void listen_io(pg_conn *c, int revents)
@@ -571,7 +574,7 @@ static void listen_io(pg_conn *c, int revents)
     PGnotify *n;
     while ((n = PQnotifies(c->pq))) {
         wake = 1;
-        notified_cancel(s, n->extra);
+        notified(s, n->extra);
         PQfreemem(n);
     }
     if (c->fatal[0] || PQstatus(c->pq) == CONNECTION_BAD) { conn_lost(c, conn_why(c)); return; }

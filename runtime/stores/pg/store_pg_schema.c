@@ -889,7 +889,7 @@ const char rb_pg_sql_limit_clear[] =
 /* Schedules (schema 12): $1 the name; set $2 topic, $3 payload, $4 cron, $5 every, $6
  * timezone, $7 next_at (kept when the timing is the same); its row says whether it was made. */
 const char rb_pg_sql_schedule_set[] =
-    "INSERT INTO \"@T_schedules\" AS s (name, topic, payload, cron, every, timezone, next_at)"
+    "WITH u AS (INSERT INTO \"@T_schedules\" AS s (name, topic, payload, cron, every, timezone, next_at)"
     " VALUES ($1::text, $2::text, $3::text, $4::text, $5::float8, $6::text, $7::float8)"
     " ON CONFLICT (name) DO UPDATE SET topic = excluded.topic, payload = excluded.payload,"
     " next_at = CASE WHEN s.cron IS NOT DISTINCT FROM excluded.cron"
@@ -897,8 +897,12 @@ const char rb_pg_sql_schedule_set[] =
     "  AND s.timezone IS NOT DISTINCT FROM excluded.timezone THEN s.next_at"
     "  ELSE excluded.next_at END,"
     " cron = excluded.cron, every = excluded.every, timezone = excluded.timezone"
-    " RETURNING (s.xmax = 0)::int";
-const char rb_pg_sql_unschedule[] = "DELETE FROM \"@T_schedules\" WHERE name = $1::text";
+    " RETURNING (s.xmax = 0)::int AS made)"
+    " SELECT made, pg_notify($8::text, 'schedules') FROM u";
+/* ... and every process's dispatchers hear of a change ($8, $2: the channel) */
+const char rb_pg_sql_unschedule[] =
+    "WITH d AS (DELETE FROM \"@T_schedules\" WHERE name = $1::text RETURNING 1)"
+    " SELECT pg_notify($2::text, 'schedules') FROM d";
 const char rb_pg_sql_schedules[] =
     "SELECT name, topic, payload, cron, every, timezone, next_at, fired_at"
     " FROM \"@T_schedules\" ORDER BY name LIMIT $1::bigint";

@@ -1675,8 +1675,14 @@ static const job_type T_PAUSE = {run_pause, report_count};
 static const job_type T_PAUSED = {run_paused, report_rows};
 static const job_type T_LIMIT = {run_limit, report_count};
 static const job_type T_LIMITS = {run_limits, report_rows};
-static const job_type T_SCHEDULE = {run_schedule, report_count};
-static const job_type T_UNSCHEDULE = {run_unschedule, report_count};
+/* A schedule made, changed or removed: this process's dispatchers read them again. */
+static void report_schedules_changed(job *j, const char *err)
+{
+    if (!err && (j->type->run == run_schedule || j->count)) rb_store_schedules_changed(&j->s->base);
+    report_count(j, err);
+}
+static const job_type T_SCHEDULE = {run_schedule, report_schedules_changed};
+static const job_type T_UNSCHEDULE = {run_unschedule, report_schedules_changed};
 static const job_type T_SCHEDULES = {run_schedules, report_rows};
 static const job_type T_SCHEDULE_FIRE = {run_schedule_fire, report_count};
 static const job_type T_LEASE = {run_lease, report_lease};
