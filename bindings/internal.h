@@ -93,6 +93,10 @@ struct rb_task {
     rb_run *run;                /* NULL for plain tasks */
     rb_signal *signal;          /* the run's signal, or NULL */
     double abort_at;            /* monotonic time of the abort, for the interrupt grace */
+    /* the resume in progress began at this monotonic time, and this thread's CPU time: past
+     * its deadline the hook tells a run that was busy (CPU spent after the deadline) from one
+     * whose process was frozen (SIGSTOP, a paused VM: wall time passed, CPU time did not) */
+    double resume_mono, resume_cpu;
     double deadline;            /* tasks guarded by a named lease: its deadline, else 0 */
     /* Called when the coroutine ends: ok, or the error message. */
     void (*on_end)(rb_task *t, int ok, const char *err);

@@ -370,6 +370,8 @@ static void task_resume_with(rb_task *t, int nargs, int truthful)
     running_task = t;
     t->running = 1;
     rb_watch outer_watch = rb_watchdog_enter(t->m->watchdog, t->co, kill_time(t));
+    t->resume_mono = rb_monotonic();
+    t->resume_cpu = rb_thread_cpu_time();
     int st = lua_resume(t->co, NULL, nargs, &nres);
     rb_watchdog_leave(t->m->watchdog, outer_watch);
     t->running = 0;
@@ -489,6 +491,13 @@ static void kill_task(lua_State *L, rb_task *t, double now)
     luaL_error(L, "relaybus: interrupted: the run is past its deadline");
 }
 
+/* A run past its deadline counts as frozen there when at least FROZEN_WALL_MIN s passed since
+ * it and it used less than FROZEN_CPU_MAX s of CPU meanwhile (the hook comes within a
+ * thousand instructions; a scheduler's tick). A thread a busy machine gave little CPU for a
+ * moment is not taken for frozen: it did little, but what it did may have been an effect. */
+#define FROZEN_WALL_MIN 0.5
+#define FROZEN_CPU_MAX 0.02
+
 void rb_task_hook(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
@@ -499,10 +508,17 @@ void rb_task_hook(lua_State *L, lua_Debug *ar)
     if (now < kill_time(t) - RB_ABORT_GRACE) return;
     if (!t->abort_at) {
         /* The deadline passed while this code ran (not while it waited): the abort counts from
-         * the deadline, so code kept busy in C past it gets no grace anew. */
+         * the deadline, so code kept busy in C past it gets no grace anew. Unless it used
+         * almost no CPU since the deadline: then the process was frozen, not the code busy,
+         * and the code learns of the abort now, with the grace from now to return, as a
+         * frozen run that was waiting does. (This thread ran at most the wall time before the
+         * deadline; what CPU it used beyond that it used after.) */
         double deadline = kill_time(t) - RB_ABORT_GRACE;
+        double before = fmax(0, deadline - t->resume_mono);
+        int frozen = now - deadline >= FROZEN_WALL_MIN &&
+                     rb_thread_cpu_time() - t->resume_cpu - before < FROZEN_CPU_MAX;
         rb_task_is_aborted(t);          /* delivers the abort (signal, waits) */
-        if (t->abort_at > deadline) t->abort_at = deadline;
+        if (!frozen && t->abort_at > deadline) t->abort_at = deadline;
     }
     if (t->killed || now >= kill_time(t)) kill_task(L, t, now);
     else lua_sethook(L, rb_task_hook, LUA_MASKCOUNT, 1);   /* within the grace: watch closely */

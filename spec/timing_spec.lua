@@ -143,6 +143,19 @@ for _, entry in ipairs(S.list()) do
       assert.equal(0, term(B))
     end)
 
+    it("a worker frozen (SIGSTOP) in the middle of Lua code past its lease: thawed, its next wait returns nil; it is not interrupted", function()
+      local id = assert(store:enqueue("work", {}))
+      local A = worker { RB_LEASE = "1", RB_MODE = "luabusy" }
+      assert.truthy(S.wait_for(function() return first(A.log, "X", id) end, 20))
+      S.signal(A, "STOP")
+      S.sleep(2)        -- past the lease, its margin and the grace, by far
+      S.signal(A, "CONT")
+      assert.truthy(S.wait_for(function() return first(A.log, "W", id) end, 10), "A's wait did not fail: "
+        .. tostring(S.read(A.err)))
+      assert.is_nil((S.read(A.err) or ""):find("did not return", 1, true), "A was interrupted")
+      assert.equal(0, term(A))
+    end)
+
     it("a delivery whose worker is frozen (SIGSTOP) past its lease counts as stalled in stats, then not once taken over", function()
       local id = assert(store:enqueue("work", {}))
       local A = worker { RB_LEASE = "1", RB_STEPS = "100", RB_STEP = "0.1" }

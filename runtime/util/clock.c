@@ -17,6 +17,7 @@ static double read_clock(clockid_t id)
 double rb_monotonic(void) { return read_clock(CLOCK_MONOTONIC); }
 double rb_wall_time(void) { return read_clock(CLOCK_REALTIME); }
 double rb_boot_time(void) { return read_clock(CLOCK_BOOTTIME); }
+double rb_thread_cpu_time(void) { return read_clock(CLOCK_THREAD_CPUTIME_ID); }
 
 static char boot_id[RB_BOOT_ID_LEN + 40];
 

@@ -9,6 +9,7 @@
 double rb_monotonic(void);      /* CLOCK_MONOTONIC, s */
 double rb_wall_time(void);      /* CLOCK_REALTIME, epoch s */
 double rb_boot_time(void);      /* CLOCK_BOOTTIME, s since this boot */
+double rb_thread_cpu_time(void);/* CLOCK_THREAD_CPUTIME_ID: s of CPU this thread has used */
 /* The identity of this process's boot clock, or "" when unknown: the kernel's boot_id (36
  * characters), followed by "/time:INODE" in a time namespace other than the first. Processes
  * of one boot in different time namespaces (a container restored by CRIU) see boot clocks

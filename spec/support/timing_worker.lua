@@ -11,6 +11,8 @@
 --             cbound: the first run of a delivery (fence 1): a side effect after every
 --             string.rep of 32 MB, forever (time in C); later runs as victim
 --             every: d:every("tick", RB_INTERVAL, fn) with fn as victim
+--             luabusy: the first run: Lua arithmetic with a wait of 0 now and then, until a
+--             wait fails; later runs as victim
 --   RB_BLOCK  also handle topic "block": os.execute("sleep RB_BLOCK") holds the loop
 --   RB_SIDE   a table: "work" is transactional, and each run inserts (id, fence) there first
 --   RB_LEASE, RB_CONC, RB_POLL, RB_STEPS, RB_STEP, RB_INTERVAL
@@ -52,6 +54,18 @@ d:handle("work", function(delivery, ctx)
   say("S", id, pid, fence, t(relaybus.now()))
   if side then
     assert(ctx.transaction:exec("INSERT INTO " .. side .. " (id, fence) VALUES ($1, $2)", id, fence))
+  end
+  if mode == "luabusy" and fence == 1 then
+    -- Lua arithmetic most of the time (a freeze lands in it), a wait of 0 now and then
+    while true do
+      local x = 0
+      for i = 1, 200000 do x = x + i % 7 end
+      if not ctx:sleep(0) then
+        say("W", id, pid, fence, t(relaybus.now()), tostring(ctx.signal.reason))
+        return
+      end
+      say("X", id, pid, fence, t(relaybus.now()))
+    end
   end
   if mode == "cbound" and fence == 1 then
     while true do
