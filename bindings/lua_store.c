@@ -333,10 +333,13 @@ static void read_after(lua_State *L, rb_enqueue_item *it, const char *what)
         ids[i] = lua_tostring(L, -1);               /* kept by the list */
         lua_pop(L, 1);
     }
-    lua_rawgeti(L, list, (lua_Integer)n + 1);
-    int holey = !lua_isnil(L, -1);
-    lua_pop(L, 1);
-    if (holey) rb_misuse(L, "%s: after must be a list of delivery ids (a sequence)", what);
+    size_t keys = 0;            /* every key one of 1..n: {x = 1} or {[2] = id} is no list */
+    lua_pushnil(L);
+    while (lua_next(L, list)) {
+        lua_pop(L, 1);
+        keys++;
+    }
+    if (keys != n) rb_misuse(L, "%s: after must be a list of delivery ids (a sequence)", what);
     it->after = n ? ids : NULL;
     it->nafter = n;
 }

@@ -1512,7 +1512,8 @@ for _, entry in ipairs(S.list { dialects = true }) do
           { { after = a }, "list of delivery ids" }, { { after = { {} } }, "item 1" },
           { { after = { a, nil, a } }, "list of delivery ids" }, { { after = { "" } }, "item 1" },
           { { after = { 1.5 } }, "item 1" }, { { after = big }, "more than 1000" },
-          { { after = { a .. "\0" } }, "item 1" },
+          { { after = { a .. "\0" } }, "item 1" }, { { after = { x = a } }, "sequence" },
+          { { after = { [2] = a } }, "sequence" },
           { { after = { a }, group = "g" }, "group" }, { { after = { a }, key = "k", replace = true }, "replace" },
         } do
           local ok, e = pcall(store.enqueue, store, "dp.e", 5, case[1])
@@ -1526,6 +1527,56 @@ for _, entry in ipairs(S.list { dialects = true }) do
         expect(store, n, { waiting = 1 })
         local free = assert(store:enqueue("dp.e", 7, { after = {} }))
         expect(store, free, { waiting = NONE })
+      end)
+
+      if entry.name == "postgresql" then
+        it("an open transaction that enqueued after a dependency holds up no settle of it; what it held runs after the commit", function()
+          local a = assert(store:enqueue("dp.h", { n = 1 }))
+          local other = assert(relaybus.open(url, opts))
+          local ran = {}
+          local d = H.dispatcher(other)
+          local stop = H.stopper(d)
+          d:handle("dp.h", function(del)
+            ran[#ran + 1] = del.payload.n
+            if del.payload.n == 2 then stop() end
+          end)
+          local completed_inside
+          d:start()
+          local ok = store:transaction(function(tx)
+            assert(tx:enqueue("dp.h", { n = 2 }, { after = { a } }))
+            -- the dependency completes elsewhere while this transaction stays open
+            completed_inside = H.poll(function() return assert(other:get(a)).status == "completed" end, 5)
+          end)
+          assert.is_true(ok)
+          relaybus.run()
+          other:close()
+          assert.is_true(completed_inside, "the settle waited for the transaction")
+          assert.same({ 1, 2 }, ran)
+        end)
+      end
+
+      it("no cycle and no chain deeper than 100: a dependency must be enqueued before; a chain of 100 is cancelled whole", function()
+        local a = assert(store:enqueue("dp.c", 1, { delay = 3600 }))
+        local next_id = tostring(math.tointeger(tonumber(a) + 1))
+        local id, err = store:enqueue("dp.c", 2, { after = { next_id } })   -- itself
+        assert.is_nil(id)
+        assert.truthy(err:find("not enqueued before", 1, true), err)
+        id, err = store:enqueue("dp.c", 2, { after = { "9" .. next_id } })  -- a later one
+        assert.is_nil(id)
+        assert.truthy(err:find("not enqueued before", 1, true) or err:find("no delivery", 1, true), err)
+        local chain = { a }
+        for i = 1, 100 do chain[#chain + 1] = assert(store:enqueue("dp.c", i, { after = { chain[#chain] } })) end
+        id, err = store:enqueue("dp.c", 0, { after = { chain[#chain] } })
+        assert.is_nil(id)
+        assert.truthy(err:find("more than 100", 1, true), err)
+        expect(store, chain[#chain], { waiting = 1 })
+        assert.is_true(store:cancel(a))
+        expect(store, chain[2], { status = "cancelled", last_error = "dependency " .. a .. " was cancelled" })
+        expect(store, chain[#chain], { status = "cancelled" })
+        -- the dependencies' rows go with them
+        local ok, rows = store:transaction(function(tx) return tx:query("SELECT count(*) AS n FROM " .. tbl .. "_deps") end)
+        assert.is_true(ok, rows)
+        assert.equal(0, math.tointeger(rows[1].n))
       end)
 
       it("tx:enqueue holds behind a dependency at commit; a rollback leaves nothing; a completion by hand releases", function()
@@ -1943,7 +1994,7 @@ for _, entry in ipairs(S.list { dialects = true }) do
           assert.is_nil(keys[r.key], "enqueued twice: " .. tostring(r.key))
           keys[r.key] = true
         end
-        assert.is_true(#listed >= 3 and #listed <= 4, tostring(#listed))
+        assert.is_true(#listed >= 3, tostring(#listed))     -- (more when the stop was slow)
         local sc = by_name("sc.race")
         assert.is_true(sc.next_at > relaybus.time() - 1.5)
         assert.is_number(sc.fired_at)
@@ -1951,10 +2002,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
 
       it("a fire that comes late (the tick fired elsewhere, its delivery settled) or after a change enqueues nothing", function()
         local testing = S.testing()
-        assert(store:schedule("sc.cas", { every = 60, topic = "sc.cas", payload = { v = 1 } }))
+        -- (the payload as PostgreSQL's jsonb writes it back: the fire passes the text it read)
+        assert(store:schedule("sc.cas", { every = 60, topic = "sc.cas", payload_json = '{"v": 1}' }))
         local due = by_name("sc.cas").next_at
         local key = "sc.cas@tick"
-        assert.equal(1, assert(testing.schedule_fire(store, "sc.cas", due, due + 60, "sc.cas", '{"v":1}', key)))
+        assert.equal(1, assert(testing.schedule_fire(store, "sc.cas", due, due + 60, "sc.cas", '{"v": 1}', key)))
         local listed = assert(store:list { topic = "sc.cas" })
         assert.equal(1, #listed)
         assert.equal(key, listed[1].key)
@@ -1962,11 +2014,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.equal(due + 60, by_name("sc.cas").next_at)
         -- settled: no dedupe key holds the tick any more; only next_at does
         assert.is_true(store:cancel(listed[1].id))
-        assert.equal(0, assert(testing.schedule_fire(store, "sc.cas", due, due + 60, "sc.cas", '{"v":1}', key)))
+        assert.equal(0, assert(testing.schedule_fire(store, "sc.cas", due, due + 60, "sc.cas", '{"v": 1}', key)))
         -- the schedule changed under a dispatcher that read it before: nothing of the old
         assert(store:schedule("sc.cas", { every = 60, topic = "sc.cas", payload = { v = 2 } }))
-        assert.equal(0, assert(testing.schedule_fire(store, "sc.cas", due + 60, due + 120, "sc.cas", '{"v":1}', key .. "2")))
-        assert.equal(0, assert(testing.schedule_fire(store, "sc.gone", due, due + 60, "sc.cas", '{"v":1}', key .. "3")))
+        assert.equal(0, assert(testing.schedule_fire(store, "sc.cas", due + 60, due + 120, "sc.cas", '{"v": 1}', key .. "2")))
+        assert.equal(0, assert(testing.schedule_fire(store, "sc.gone", due, due + 60, "sc.cas", '{"v": 1}', key .. "3")))
         assert.equal(1, #assert(store:list { topic = "sc.cas" }))
         assert.equal(due + 60, by_name("sc.cas").next_at)
       end)
@@ -1975,6 +2027,7 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert(store:schedule("sc.down", { every = 1, topic = "sc.down" }))
         local first = by_name("sc.down").next_at
         relaybus.sleep(first - relaybus.time() + 2.3)      -- no dispatcher: 3 ticks missed
+        local back = relaybus.time()
         local d = H.dispatcher(store, { poll_interval = 0.1 })
         d:handle("sc.down", function() end)
         d:start()
@@ -1985,8 +2038,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
         end)
         relaybus.run()
         local listed = assert(store:list { topic = "sc.down" })
-        assert.equal(1, #listed)
+        table.sort(listed, function(p, q) return p.run_at < q.run_at end)
         H.near(first, listed[1].run_at, 0.001, "the catch-up is the first tick missed")
+        -- no other tick missed came: any other is one of the grid from now on
+        for i = 2, #listed do assert.is_true(listed[i].run_at > back, "a missed tick fired too") end
+        local fired = #listed
         local sc = by_name("sc.down")
         assert.is_true(sc.next_at > relaybus.time() - 0.5, "next tick from now on")
         assert.is_true(store:unschedule("sc.down"))
@@ -1995,7 +2051,7 @@ for _, entry in ipairs(S.list { dialects = true }) do
         d2:start()
         relaybus.spawn(function() relaybus.sleep(1.5) d2:stop() end)
         relaybus.run()
-        assert.equal(1, #assert(store:list { topic = "sc.down" }))
+        assert.equal(fired, #assert(store:list { topic = "sc.down" }))
       end)
     end)
 

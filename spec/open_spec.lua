@@ -464,6 +464,7 @@ describe("opening a store", function()
           .. " DROP TABLE relaybus_deliveries_deps; ALTER TABLE relaybus_deliveries DROP COLUMN waiting;"
           .. " ALTER TABLE relaybus_deliveries DROP COLUMN held_run_at;"
           .. " ALTER TABLE relaybus_deliveries DROP COLUMN has_dependents;"
+          .. " ALTER TABLE relaybus_deliveries DROP COLUMN after_depth;"
 
         -- A file made by this relaybus, its CHECK then put back as an older one wrote it.
         local function file_with_old_check(path, items, old_check)

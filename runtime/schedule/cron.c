@@ -80,6 +80,7 @@ static int parse_field(const char *s, size_t len, int which, uint64_t *bits, int
                     return -1;
                 }
             } else if (*p == '/') {
+                if (which == F_DOW && lo == 7) lo = 0;      /* 7/N: from Sunday, as 0/N */
                 hi = which == F_DOW ? 6 : f->hi;
             }
         }
@@ -228,7 +229,9 @@ static int64_t local_to_utc(const rb_tz *tz, int64_t L)
 int64_t rb_cron_next(const rb_cron *c, const rb_tz *tz, int64_t after)
 {
     RB_ASSERT(c && tz);
-    int64_t L = after + 1 + rb_tz_offset(tz, after + 1);
+    /* local time just after `after`, by after's own offset: a change to summer time right
+     * after it must not hide the gap's times (they fire at the jump) */
+    int64_t L = after + rb_tz_offset(tz, after) + 1;
     /* Each round moves L on; only local times the change back repeats (their first
      * occurrence is before `after`) take more than one. */
     for (int round = 0; round < 100000; round++) {

@@ -258,7 +258,9 @@ rb_tz *rb_tz_load(const char *name, char *err, size_t errlen)
     rb_tz *tz = rb_calloc(1, sizeof *tz);
     if (!tz) { snprintf(err, errlen, "out of memory"); return NULL; }
     if (!name || strcmp(name, "UTC") == 0) return tz;      /* offset 0, no transitions */
-    if (!valid_name(name)) {
+    /* "localtime" is whichever zone each host has; the "right/" zones count leap seconds,
+     * which epoch times do not */
+    if (!valid_name(name) || !strcmp(name, "localtime") || !strncmp(name, "right/", 6)) {
         snprintf(err, errlen, "timezone '%.*s' is not a name of the tz database (like "
                  "Europe/Berlin)", RB_TZ_NAME_MAX, name);
         one_line(err, errlen);

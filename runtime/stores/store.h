@@ -62,12 +62,16 @@ typedef struct rb_enqueue_item {
     /* Dependencies (NULL, or nafter ids of this store, at most RB_AFTER_MAX): the delivery is
      * held (pending, not due) until every one of them completed, then due at its run_at; when
      * one is buried or cancelled it is cancelled, with "dependency ID was buried" (or
-     * cancelled) as its last_error, and so are the ones after it. An id that is no delivery
-     * fails the enqueue. Not with group or replace. */
+     * cancelled) as its last_error, and so are the ones after it. An id that is no delivery,
+     * one not enqueued before it (so no cycle can form), more than RB_AFTER_MAX of them, or a
+     * chain deeper than RB_AFTER_DEPTH_MAX fails the enqueue. Not with group or replace. */
     const char *const *after;
     size_t nafter;
 } rb_enqueue_item;
 #define RB_AFTER_MAX 1000
+/* The longest chain of dependencies (a delivery after one after one...): a cancel goes down it
+ * in one write, and stores bound how deep that may recurse. */
+#define RB_AFTER_DEPTH_MAX 100
 
 /* A topic's limits, across every process: a claim starts a delivery of it only while fewer than
  * `concurrency` of it run under live leases, and while fewer than `rate` of it started in the

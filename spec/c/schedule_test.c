@@ -84,7 +84,7 @@ static void bad_zone_names_are_refused(void **state)
     (void)state;
     const char *bad[] = {"", "/etc/passwd", "../etc/passwd", "Europe/../../etc/passwd",
                          "Europe//Berlin", "Europe/", ".hidden", "Europe/Berlin\n", "Mars/Base",
-                         "Europe", "Europe/Berlin Europe/Paris",
+                         "Europe", "Europe/Berlin Europe/Paris", "localtime", "right/UTC",
                          "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[300] = "";
@@ -216,6 +216,16 @@ static void ticks_fall_where_the_clock_says(void **state)
     int64_t want[] = {utc(2026, 10, 25, 0, 0, 0), utc(2026, 10, 25, 0, 20, 0),
                       utc(2026, 10, 25, 0, 40, 0), utc(2026, 10, 26, 1, 0, 0)};
     for (int i = 0; i < 4; i++) assert_int_equal(t = next_of("*/20 2 * * *", "Europe/Berlin", t), want[i]);
+    /* the last second before the jump: the gap's times fire at the jump, not a day later */
+    assert_int_equal(next_of("0-59 59 1,2 * * *", "Europe/Berlin", utc(2026, 3, 29, 0, 59, 59)),
+                     utc(2026, 3, 29, 1, 0, 0));
+    assert_int_equal(next_of("59 * * * * *", "Europe/Berlin", utc(2026, 3, 29, 0, 59, 59)),
+                     utc(2026, 3, 29, 1, 0, 0));
+    /* 7/N counts from Sunday */
+    rb_cron w;
+    char werr[300];
+    assert_int_equal(rb_cron_parse(&w, "0 0 * * 7/2", werr, sizeof werr), 0);
+    assert_true(w.dow == ((1u << 0) | (1u << 2) | (1u << 4) | (1u << 6)));
     /* Sydney's midnight in its summer */
     assert_int_equal(next_of("0 0 * * *", "Australia/Sydney", utc(2026, 1, 1, 0, 0, 0)), utc(2026, 1, 1, 13, 0, 0));
     /* February 29 */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <libpq-fe.h>
 #include "stores/delivery.h"
+#include "stores/store.h"
 #include "stores/pg/store_pg_schema.h"
 #include "util/alloc.h"
 #include "util/text.h"
@@ -396,25 +397,44 @@
     " WHEN (OLD.group_name IS NOT NULL AND OLD." LIVE ") EXECUTE FUNCTION \"@T_group_next\"();\n"
 
 /* Dependencies (schema 13). "@T_depend" gives a delivery just enqueued (p_id) its
- * dependencies: it locks them (in id order, so enqueues racing cannot deadlock; a settle of
- * one waits for the enqueue's commit, so the trigger below sees its rows), fails on an id that
- * is no delivery, cancels the new one when one was buried or cancelled, and otherwise holds it
+ * dependencies: it fails on an id that is no delivery or not one enqueued before it (so no
+ * cycle can form), cancels the new one when one was buried or cancelled, and otherwise holds it
  * behind the live ones (run_at 'infinity', its own in held_run_at, `waiting` their count), one
- * row of "@T_deps" each, and marks them (has_dependents). The trigger "@T_dep_settled", which
- * only rows so marked reach, counts a completed dependency down (the last one gives the
- * delivery its run_at back, and the NOTIFY trigger wakes the dispatchers), or cancels the
- * ones after a buried or cancelled one, which fires it again for the ones after those. */
+ * row of "@T_deps" each while they are live. The trigger "@T_dep_settled", which only rows
+ * marked as dependencies (has_dependents) reach, counts a completed dependency down (the
+ * last one gives the delivery its run_at back, and the NOTIFY trigger wakes the dispatchers),
+ * or cancels the ones after a buried or cancelled one, which fires it again for the ones after
+ * those (after_depth bounds that: RB_AFTER_DEPTH_MAX); it locks them in id order first, so
+ * settles of dependencies they share mostly do not deadlock. The enqueue locks no dependency:
+ * a user's transaction holding one until its end would stall the settles of another process
+ * (and the claims skip a locked row). Instead "@T_dep_check", at the enqueue's commit (a
+ * deferred constraint trigger on "@T_deps"), locks each dependency for that moment, which
+ * waits for a settle of it in progress, and looks again: a live one is marked, and its settle
+ * after the commit finds the row of "@T_deps"; one that completed or failed meanwhile, whose
+ * trigger could not see the uncommitted row, is counted there. */
+#define DEP_RELEASE(WHERE) \
+    "UPDATE \"@T\" SET waiting = waiting - 1," \
+    " run_at = CASE WHEN waiting = 1 THEN held_run_at ELSE run_at END," \
+    " held_run_at = CASE WHEN waiting = 1 THEN NULL ELSE held_run_at END" \
+    " WHERE " WHERE " AND status = 'pending' AND waiting > 0;\n"
+#define DEP_CANCEL(WHERE, WHY) \
+    "UPDATE \"@T\" SET status = 'cancelled', settled_at = now(), last_error = " WHY "," \
+    " waiting = NULL, run_at = coalesce(held_run_at, run_at), held_run_at = NULL" \
+    " WHERE " WHERE " AND status = 'pending' AND waiting > 0;\n"
 #define DEPS \
     "CREATE OR REPLACE FUNCTION \"@T_depend\"(p_id bigint, p_after bigint[]) RETURNS void" \
     " LANGUAGE plpgsql AS $f$\n" \
-    "DECLARE missing bigint; why text; live bigint[];\n" \
+    "DECLARE bad bigint; why text; live bigint[]; depth integer;\n" \
     "BEGIN\n" \
     "  IF p_after IS NULL OR cardinality(p_after) = 0 THEN RETURN; END IF;\n" \
-    "  PERFORM 1 FROM \"@T\" WHERE id = ANY(p_after) ORDER BY id FOR NO KEY UPDATE;\n" \
-    "  SELECT x.dep INTO missing FROM unnest(p_after) AS x(dep)\n" \
+    "  SELECT x.dep INTO bad FROM unnest(p_after) AS x(dep)\n" \
     "   WHERE NOT EXISTS (SELECT 1 FROM \"@T\" AS t WHERE t.id = x.dep) LIMIT 1;\n" \
-    "  IF missing IS NOT NULL THEN\n" \
-    "    RAISE EXCEPTION 'after: no delivery %', missing;\n" \
+    "  IF bad IS NOT NULL THEN\n" \
+    "    RAISE EXCEPTION 'after: no delivery %', bad;\n" \
+    "  END IF;\n" \
+    "  SELECT x.dep INTO bad FROM unnest(p_after) AS x(dep) WHERE x.dep >= p_id LIMIT 1;\n" \
+    "  IF bad IS NOT NULL THEN\n" \
+    "    RAISE EXCEPTION 'after: delivery % was not enqueued before this one', bad;\n" \
     "  END IF;\n" \
     "  SELECT 'dependency ' || t.id || ' was ' || t.status INTO why FROM \"@T\" AS t\n" \
     "   WHERE t.id = ANY(p_after) AND t.status IN ('buried', 'cancelled') ORDER BY t.id LIMIT 1;\n" \
@@ -423,32 +443,29 @@
     " WHERE id = p_id;\n" \
     "    RETURN;\n" \
     "  END IF;\n" \
-    "  live := ARRAY(SELECT DISTINCT t.id FROM \"@T\" AS t WHERE t.id = ANY(p_after)" \
-    " AND t." LIVE ");\n" \
-    "  IF cardinality(live) = 0 THEN RETURN; END IF;\n" \
-    "  INSERT INTO \"@T_deps\" (id, dep) SELECT p_id, d FROM unnest(live) AS u(d);\n" \
-    "  UPDATE \"@T\" SET has_dependents = true WHERE id = ANY(live)" \
-    " AND has_dependents IS NOT TRUE;\n" \
+    "  SELECT array_agg(DISTINCT t.id), 1 + coalesce(max(t.after_depth), 0) INTO live, depth" \
+    " FROM \"@T\" AS t WHERE t.id = ANY(p_after) AND t." LIVE ";\n" \
+    "  IF live IS NULL THEN RETURN; END IF;\n" \
+    "  IF depth > " TEXT_OF(RB_AFTER_DEPTH_MAX) " THEN\n" \
+    "    RAISE EXCEPTION 'after: a chain of more than " TEXT_OF(RB_AFTER_DEPTH_MAX) " dependencies';\n" \
+    "  END IF;\n" \
+    "  INSERT INTO \"@T_deps\" (id, dep) SELECT p_id, d FROM unnest(live) AS u(d) ORDER BY d;\n" \
     "  UPDATE \"@T\" SET waiting = cardinality(live), held_run_at = run_at," \
-    " run_at = 'infinity' WHERE id = p_id;\n" \
+    " run_at = 'infinity', after_depth = depth WHERE id = p_id;\n" \
     "END\n" \
     "$f$;\n" \
     "ALTER FUNCTION \"@T_depend\"(bigint, bigint[]) SET search_path FROM CURRENT;\n" \
     "CREATE OR REPLACE FUNCTION \"@T_dep_settled\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n" \
     "BEGIN\n" \
+    "  PERFORM 1 FROM \"@T\" WHERE id IN (SELECT d.id FROM \"@T_deps\" AS d" \
+    " WHERE d.dep = NEW.id) ORDER BY id FOR NO KEY UPDATE;\n" \
     "  IF NEW.status = 'completed' THEN\n" \
-    "    UPDATE \"@T\" SET waiting = waiting - 1,\n" \
-    "      run_at = CASE WHEN waiting = 1 THEN held_run_at ELSE run_at END,\n" \
-    "      held_run_at = CASE WHEN waiting = 1 THEN NULL ELSE held_run_at END\n" \
-    "     WHERE id IN (SELECT d.id FROM \"@T_deps\" AS d WHERE d.dep = NEW.id)\n" \
-    "       AND status = 'pending' AND waiting > 0;\n" \
+    "    " DEP_RELEASE("id IN (SELECT d.id FROM \"@T_deps\" AS d WHERE d.dep = NEW.id)") \
     "  ELSE\n" \
-    "    UPDATE \"@T\" SET status = 'cancelled', settled_at = now(),\n" \
-    "      last_error = 'dependency ' || NEW.id || ' was ' || NEW.status, waiting = NULL,\n" \
-    "      run_at = coalesce(held_run_at, run_at), held_run_at = NULL\n" \
-    "     WHERE id IN (SELECT d.id FROM \"@T_deps\" AS d WHERE d.dep = NEW.id)\n" \
-    "       AND status = 'pending' AND waiting > 0;\n" \
+    "    " DEP_CANCEL("id IN (SELECT d.id FROM \"@T_deps\" AS d WHERE d.dep = NEW.id)", \
+                      "'dependency ' || NEW.id || ' was ' || NEW.status") \
     "  END IF;\n" \
+    "  DELETE FROM \"@T_deps\" WHERE dep = NEW.id;\n" \
     "  RETURN NULL;\n" \
     "END\n" \
     "$f$;\n" \
@@ -456,7 +473,28 @@
     "DROP TRIGGER IF EXISTS \"@T_dep_settled\" ON \"@T\";\n" \
     "CREATE TRIGGER \"@T_dep_settled\" AFTER UPDATE OF status ON \"@T\" FOR EACH ROW" \
     " WHEN (OLD.has_dependents AND OLD." LIVE " AND NEW.status IN ('completed', 'buried'," \
-    " 'cancelled')) EXECUTE FUNCTION \"@T_dep_settled\"();\n"
+    " 'cancelled')) EXECUTE FUNCTION \"@T_dep_settled\"();\n" \
+    "CREATE OR REPLACE FUNCTION \"@T_dep_check\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n" \
+    "DECLARE st text;\n" \
+    "BEGIN\n" \
+    "  SELECT status INTO st FROM \"@T\" WHERE id = NEW.dep FOR NO KEY UPDATE;\n" \
+    "  IF st IN ('pending', 'processing') THEN\n" \
+    "    UPDATE \"@T\" SET has_dependents = true WHERE id = NEW.dep" \
+    " AND has_dependents IS NOT TRUE;\n" \
+    "  ELSIF st IS NULL OR st = 'completed' THEN\n" \
+    "    " DEP_RELEASE("id = NEW.id") \
+    "    DELETE FROM \"@T_deps\" WHERE id = NEW.id AND dep = NEW.dep;\n" \
+    "  ELSIF st IN ('buried', 'cancelled') THEN\n" \
+    "    " DEP_CANCEL("id = NEW.id", "'dependency ' || NEW.dep || ' was ' || st") \
+    "    DELETE FROM \"@T_deps\" WHERE id = NEW.id AND dep = NEW.dep;\n" \
+    "  END IF;\n" \
+    "  RETURN NULL;\n" \
+    "END\n" \
+    "$f$;\n" \
+    "ALTER FUNCTION \"@T_dep_check\"() SET search_path FROM CURRENT;\n" \
+    "DROP TRIGGER IF EXISTS \"@T_dep_check\" ON \"@T_deps\";\n" \
+    "CREATE CONSTRAINT TRIGGER \"@T_dep_check\" AFTER INSERT ON \"@T_deps\"" \
+    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION \"@T_dep_check\"();\n"
 
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
@@ -738,7 +776,7 @@ static const char *const migrations[] = {
     /* 13: dependencies (DEPS above); the columns wait for the table's lock as in 10 */
     "SET LOCAL lock_timeout = '10s';\n"
     "ALTER TABLE \"@T\" ADD COLUMN IF NOT EXISTS waiting integer,"
-    " ADD COLUMN IF NOT EXISTS has_dependents boolean;\n"
+    " ADD COLUMN IF NOT EXISTS has_dependents boolean, ADD COLUMN IF NOT EXISTS after_depth integer;\n"
     "CREATE TABLE IF NOT EXISTS \"@T_deps\" (id bigint NOT NULL, dep bigint NOT NULL);\n"
     "CREATE INDEX IF NOT EXISTS \"@T_deps_dep\" ON \"@T_deps\" (dep);\n"
     DEPS,
@@ -886,11 +924,12 @@ const char rb_pg_sql_limit_set[] =
 const char rb_pg_sql_limit_clear[] =
     "WITH u AS (UPDATE \"@T_topics\" SET rate_max = NULL, rate_per = NULL, running_max = NULL"
     " WHERE topic = $1::text RETURNING topic) SELECT pg_notify($2::text, '') FROM u";
-/* Schedules (schema 12): $1 the name; set $2 topic, $3 payload, $4 cron, $5 every, $6
+/* Schedules (schema 12): $1 the name; set $2 topic, $3 payload (through jsonb, as a delivery
+ * keeps it: one jsonb cannot hold is refused now, not at every tick), $4 cron, $5 every, $6
  * timezone, $7 next_at (kept when the timing is the same); its row says whether it was made. */
 const char rb_pg_sql_schedule_set[] =
     "WITH u AS (INSERT INTO \"@T_schedules\" AS s (name, topic, payload, cron, every, timezone, next_at)"
-    " VALUES ($1::text, $2::text, $3::text, $4::text, $5::float8, $6::text, $7::float8)"
+    " VALUES ($1::text, $2::text, ($3::jsonb)::text, $4::text, $5::float8, $6::text, $7::float8)"
     " ON CONFLICT (name) DO UPDATE SET topic = excluded.topic, payload = excluded.payload,"
     " next_at = CASE WHEN s.cron IS NOT DISTINCT FROM excluded.cron"
     "  AND s.every IS NOT DISTINCT FROM excluded.every"
@@ -1092,7 +1131,8 @@ static int lacks_column(PGconn *pq, const char *name, const char *column)
  * index. Refused before anything is made. */
 int rb_pg_check_names(PGconn *pq, const char *table, char *err, size_t errlen)
 {
-    char leases[256], topics[256], schedules[256];
+    char leases[256], topics[256], schedules[256], deps[256];
+    snprintf(deps, sizeof deps, "%s_deps", table);
     snprintf(leases, sizeof leases, "%s_leases", table);
     snprintf(topics, sizeof topics, "%s_topics", table);
     snprintf(schedules, sizeof schedules, "%s_schedules", table);
@@ -1106,6 +1146,9 @@ int rb_pg_check_names(PGconn *pq, const char *table, char *err, size_t errlen)
     else if (lacks_column(pq, topics, "paused_at"))
         snprintf(err, errlen, "postgresql: relation %s exists and is not the topic settings of "
                  "table %s (is it a deliveries table?): choose another table name", topics, table);
+    else if (lacks_column(pq, deps, "dep"))
+        snprintf(err, errlen, "postgresql: relation %s exists and is not the dependencies of "
+                 "table %s (is it a deliveries table?): choose another table name", deps, table);
     else if (lacks_column(pq, schedules, "next_at"))
         snprintf(err, errlen, "postgresql: relation %s exists and is not the schedules of "
                  "table %s (is it a deliveries table?): choose another table name", schedules,

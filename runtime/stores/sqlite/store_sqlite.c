@@ -404,11 +404,14 @@ static int replace_one(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_
 static int enqueue_after(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite3_int64 id,
                          double now)
 {
-    sqlite3_int64 live[RB_AFTER_MAX];
+    sqlite3_int64 live[RB_AFTER_MAX], depth = 0;
     size_t nlive = 0;
     char why[128] = "";
     int rc = SQLITE_OK;
-    RB_ASSERT(it->nafter <= RB_AFTER_MAX);
+    if (it->nafter > RB_AFTER_MAX) {
+        set_err(j, "sqlite: after: more than %d dependencies", RB_AFTER_MAX);
+        return SQLITE_ERROR;
+    }
     for (size_t i = 0; rc == SQLITE_OK && i < it->nafter; i++) {
         sqlite3_int64 dep;
         if (!parse_id(it->after[i], &dep)) {
@@ -420,12 +423,21 @@ static int enqueue_after(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite
         sqlite3_bind_int64(st, 1, dep);
         rc = step(s, j, st);
         char status[16] = "";
-        if (rc == SQLITE_ROW) snprintf(status, sizeof status, "%s", col_text(st, 0) ? col_text(st, 0) : "");
+        sqlite3_int64 dep_depth = 0;
+        if (rc == SQLITE_ROW) {
+            snprintf(status, sizeof status, "%s", col_text(st, 0) ? col_text(st, 0) : "");
+            dep_depth = sqlite3_column_int64(st, 1);
+        }
         sqlite3_reset(st);
         if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rc;
         rc = SQLITE_OK;
         if (!status[0]) {
             set_err(j, "sqlite: after: no delivery %lld", (long long)dep);
+            return SQLITE_ERROR;
+        }
+        if (dep >= id) {        /* itself, or one after it: a cycle could form */
+            set_err(j, "sqlite: after: delivery %lld was not enqueued before this one",
+                    (long long)dep);
             return SQLITE_ERROR;
         }
         if (!strcmp(status, "buried") || !strcmp(status, "cancelled")) {
@@ -434,7 +446,12 @@ static int enqueue_after(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite
             int seen = 0;
             for (size_t k = 0; k < nlive; k++) seen |= live[k] == dep;
             if (!seen) live[nlive++] = dep;
+            if (dep_depth + 1 > depth) depth = dep_depth + 1;
         }
+    }
+    if (depth > RB_AFTER_DEPTH_MAX) {
+        set_err(j, "sqlite: after: a chain of more than %d dependencies", RB_AFTER_DEPTH_MAX);
+        return SQLITE_ERROR;
     }
     sqlite3_stmt *st;
     if (why[0]) {
@@ -457,6 +474,7 @@ static int enqueue_after(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite
     if (rc == SQLITE_OK && (rc = prep(s, j, ST_DEP_HOLD, &st)) == SQLITE_OK) {
         sqlite3_bind_int64(st, 1, id);
         sqlite3_bind_int64(st, 2, (sqlite3_int64)nlive);
+        sqlite3_bind_int64(st, 3, depth);
         rc = run_to_done(s, j, st);
     }
     return rc;

@@ -85,14 +85,16 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " timezone TEXT, next_at REAL NOT NULL, fired_at REAL, created_at REAL NOT NULL);",
     /* 7: dependencies. A delivery enqueued after others that are live is held: run_at far
      * past any time (HELD_RUN_AT), its own in held_run_at, `waiting` the count of them not
-     * completed yet, one row of TABLE_deps per dependency. The triggers count a dependency's
+     * completed yet, one row of TABLE_deps per dependency while it is live, after_depth its
+     * place in a chain (RB_AFTER_DEPTH_MAX at most). The triggers count a dependency's
      * completion down (the last one makes the delivery due), and cancel the deliveries after
      * one that is buried or cancelled; those cancels fire them again for the deliveries after
-     * those (the connection sets recursive_triggers). has_dependents spares every other
-     * settle the look. */
+     * those (the connection sets recursive_triggers; the depth bounds the recursion).
+     * has_dependents spares every other settle the look. */
     "ALTER TABLE \"{t}\" ADD COLUMN waiting INTEGER;"
     "ALTER TABLE \"{t}\" ADD COLUMN held_run_at REAL;"
     "ALTER TABLE \"{t}\" ADD COLUMN has_dependents INTEGER;"
+    "ALTER TABLE \"{t}\" ADD COLUMN after_depth INTEGER;"
     "CREATE TABLE IF NOT EXISTS \"{t}_deps\" (id INTEGER NOT NULL, dep INTEGER NOT NULL);"
     "CREATE INDEX IF NOT EXISTS \"{t}_deps_dep\" ON \"{t}_deps\" (dep);"
     "CREATE TRIGGER IF NOT EXISTS \"{t}_dep_done\" AFTER UPDATE OF status ON \"{t}\""
@@ -103,6 +105,7 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "  held_run_at = CASE WHEN waiting = 1 THEN NULL ELSE held_run_at END"
     "  WHERE id IN (SELECT id FROM \"{t}_deps\" WHERE dep = NEW.id) AND status = 'pending'"
     "  AND waiting > 0;"
+    " DELETE FROM \"{t}_deps\" WHERE dep = NEW.id;"
     " END;"
     "CREATE TRIGGER IF NOT EXISTS \"{t}_dep_failed\" AFTER UPDATE OF status ON \"{t}\""
     " WHEN OLD.has_dependents AND OLD.status IN ('pending','processing')"
@@ -112,6 +115,7 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "  run_at = held_run_at, held_run_at = NULL"
     "  WHERE id IN (SELECT id FROM \"{t}_deps\" WHERE dep = NEW.id) AND status = 'pending'"
     "  AND waiting > 0;"
+    " DELETE FROM \"{t}_deps\" WHERE dep = NEW.id;"
     " END;",
 };
 
@@ -300,9 +304,9 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     /* dependencies (schema 7): ?1 a dependency's id; the new delivery ?1 held behind ?2 of
      * them, or cancelled (?2 the wall clock, ?3 why); a dependency row (?1 the delivery, ?2
      * the dependency) and its mark */
-    [ST_DEP_STATUS] = "SELECT status FROM \"{t}\" WHERE id = ?1",
+    [ST_DEP_STATUS] = "SELECT status, coalesce(after_depth, 0) FROM \"{t}\" WHERE id = ?1",
     [ST_DEP_HOLD] = "UPDATE \"{t}\" SET waiting = ?2, held_run_at = run_at,"
-        " run_at = " HELD_RUN_AT " WHERE id = ?1",
+        " run_at = " HELD_RUN_AT ", after_depth = ?3 WHERE id = ?1",
     [ST_DEP_CANCEL] = "UPDATE \"{t}\" SET status = 'cancelled', settled_at = ?2, last_error = ?3"
         " WHERE id = ?1",
     [ST_DEP_ADD] = "INSERT INTO \"{t}_deps\" (id, dep) VALUES (?1, ?2)",
@@ -630,7 +634,8 @@ static int lacks_column(sqlite3 *db, const char *name, const char *column)
  * anything is made. */
 static int check_names(sqlite3 *db, const char *table, char *err, size_t errlen)
 {
-    char leases[256], topics[256], schedules[256];
+    char leases[256], topics[256], schedules[256], deps[256];
+    snprintf(deps, sizeof deps, "%s_deps", table);
     snprintf(leases, sizeof leases, "%s_leases", table);
     snprintf(topics, sizeof topics, "%s_topics", table);
     snprintf(schedules, sizeof schedules, "%s_schedules", table);
@@ -644,6 +649,9 @@ static int check_names(sqlite3 *db, const char *table, char *err, size_t errlen)
     else if (lacks_column(db, topics, "paused_at"))
         snprintf(err, errlen, "sqlite: table %s exists and is not the topic settings of table %s "
                  "(is it a deliveries table?): choose another table name", topics, table);
+    else if (lacks_column(db, deps, "dep"))
+        snprintf(err, errlen, "sqlite: table %s exists and is not the dependencies of table %s "
+                 "(is it a deliveries table?): choose another table name", deps, table);
     else if (lacks_column(db, schedules, "next_at"))
         snprintf(err, errlen, "sqlite: table %s exists and is not the schedules of table %s "
                  "(is it a deliveries table?): choose another table name", schedules, table);
