@@ -646,13 +646,24 @@ static void on_changed(void *ud, const char *err, int64_t count)
 
 /* store:cancel(id): true when the delivery was pending or processing and is cancelled now,
  * false when there was nothing to cancel (settled, unknown, or no id of this store). */
-static const char *const cancel_opts[] = {"status", "topic", NULL};
+static const char *const cancel_opts[] = {"status", "topic", "all", NULL};
 
-/* store:cancel{[status = "pending" | "processing"] [, topic = T]}: every live delivery of them
- * cancelled; how many. */
+/* store:cancel{[status = "pending" | "processing"] [, topic = T]}, or {all = true}: every
+ * live delivery of them cancelled; how many. An empty table is misuse: a typo must not
+ * cancel everything. */
 static int cancel_all(lua_State *L, rb_store *s)
 {
     rb_check_options(L, 2, "cancel", cancel_opts);
+    lua_getfield(L, 2, "all");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1)) rb_misuse(L, "cancel: all must be a boolean");
+    int all = lua_toboolean(L, -1);
+    lua_getfield(L, 2, "status");
+    lua_getfield(L, 2, "topic");
+    if (!all && lua_isnil(L, -1) && lua_isnil(L, -2))
+        rb_misuse(L, "cancel: give topic and/or status, or all = true to cancel every live delivery");
+    if (all && (!lua_isnil(L, -1) || !lua_isnil(L, -2)))
+        rb_misuse(L, "cancel: all = true takes no topic or status");
+    lua_pop(L, 3);
     lua_getfield(L, 2, "status");
     const char *status = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
     if (!lua_isnil(L, -1) && (lua_type(L, -1) != LUA_TSTRING ||

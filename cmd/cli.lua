@@ -1089,7 +1089,8 @@ end
 function commands.cancel(c)
   local store = open_store(c, false)
   if c.opts.all then
-    local n = call(c, store, "cancel", { topic = c.opts.topic, status = c.opts.status })
+    local all = not c.opts.topic and not c.opts.status or nil
+    local n = call(c, store, "cancel", { topic = c.opts.topic, status = c.opts.status, all = all })
     store:close()
     io.stdout:write(fmt_int(n), "\n")
     return EXIT_OK

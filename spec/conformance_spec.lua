@@ -2158,7 +2158,8 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.equal(1, answer(store:cancel { status = "pending" }))
         expect(store, other, { status = "cancelled" })
         -- misuse
-        for _, bad in ipairs { { status = "buried" }, { status = 1 }, { topic = "" }, { topic = 7 }, { nope = 1 } } do
+        for _, bad in ipairs { { status = "buried" }, { status = 1 }, { topic = "" }, { topic = 7 }, { nope = 1 },
+                               {}, { all = false }, { all = 1 }, { all = true, topic = "cb.a" } } do
           H.raises_relaybus(function() store:cancel(bad) end)
         end
         -- delete one topic's settled ones, the other's stay
@@ -2167,6 +2168,9 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_nil(store:get(p1))
         expect(store, other, { status = "cancelled" })
         assert.equal(1, answer(store:purge { status = "cancelled" }))
+        local last = assert(store:enqueue("cb.c", 1, { delay = 3600 }))
+        assert.equal(1, answer(store:cancel { all = true }))
+        expect(store, last, { status = "cancelled" })
         H.raises_relaybus(function() store:purge { status = "cancelled", topic = "" } end)
       end)
 
