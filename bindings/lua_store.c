@@ -666,8 +666,7 @@ static int cancel_all(lua_State *L, rb_store *s)
     lua_pop(L, 3);
     lua_getfield(L, 2, "status");
     const char *status = lua_isnil(L, -1) ? NULL : lua_tostring(L, -1);
-    if (!lua_isnil(L, -1) && (lua_type(L, -1) != LUA_TSTRING ||
-                              (strcmp(status, "pending") && strcmp(status, "processing"))))
+    if (!lua_isnil(L, -1) && (lua_type(L, -1) != LUA_TSTRING || !rb_live_status(status)))
         rb_misuse(L, "cancel: status must be \"pending\" or \"processing\" (or left out: both)");
     lua_getfield(L, 2, "topic");
     const char *topic = lua_isnil(L, -1) ? NULL : rb_check_topic(L, lua_gettop(L), "cancel");
@@ -1001,8 +1000,7 @@ static int l_store_purge(lua_State *L)
     rb_check_options(L, 2, "purge", purge_opts);
     lua_getfield(L, 2, "status");
     const char *st = lua_tostring(L, -1);
-    if (!st || (strcmp(st, "completed") != 0 && strcmp(st, "buried") != 0 &&
-                strcmp(st, "cancelled") != 0))
+    if (!rb_settled_status(st))
         rb_misuse(L, "purge: status must be \"completed\", \"buried\" or \"cancelled\"");
     double older = rb_opt_number(L, 2, "older_than", 0);
     double limit = rb_opt_number(L, 2, "limit", 0);

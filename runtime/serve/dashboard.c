@@ -685,7 +685,7 @@ static void cancel_all(req *r)
     rb_dashboard *d = r->d;
     if (!allowed(r)) return;
     const char *status = arg(r, "status"), *topic;
-    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+    if (status && !rb_live_status(status)) {
         respond_error(r, 400, "cancel takes status=pending or status=processing (or none: both)");
         return;
     }
@@ -705,8 +705,7 @@ static void delete_all(req *r)
     rb_dashboard *d = r->d;
     if (!allowed(r)) return;
     const char *status = arg(r, "status"), *topic;
-    if (!status || (strcmp(status, "completed") && strcmp(status, "buried") &&
-                    strcmp(status, "cancelled"))) {
+    if (!rb_settled_status(status)) {
         respond_error(r, 400, "delete takes status=completed, buried or cancelled");
         return;
     }

@@ -195,6 +195,17 @@ int rb_decimal_id(const char *id)
     return n <= 18;
 }
 
+int rb_live_status(const char *status)
+{
+    return status && (!strcmp(status, "pending") || !strcmp(status, "processing"));
+}
+
+int rb_settled_status(const char *status)
+{
+    return status && (!strcmp(status, "completed") || !strcmp(status, "buried") ||
+                      !strcmp(status, "cancelled"));
+}
+
 int rb_limit_valid(const rb_limit *lim)
 {
     if (!lim || (lim->rate <= 0 && lim->concurrency <= 0)) return 0;

@@ -87,6 +87,11 @@ typedef struct rb_limit {
 /* Whether lim holds limits a store takes: at least one on, each in its range. */
 int rb_limit_valid(const rb_limit *lim);
 
+/* The statuses an operation on many takes: a live one ("pending", "processing": cancel_all)
+ * and a settled one ("completed", "buried", "cancelled": purge). 1 when status is one. */
+int rb_live_status(const char *status);
+int rb_settled_status(const char *status);
+
 /* A durable schedule (store:schedule): kept in the store by name; every dispatcher on the
  * store fires its ticks (dispatch/ticks.c), each once, as a delivery of `topic` whose key is
  * the tick's (schedule/schedule.h computes the ticks). */

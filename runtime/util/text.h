@@ -73,4 +73,8 @@ size_t rb_json_float(char *out, double x);
  * *end, when end is not NULL, is set as strtod sets it. */
 double rb_decimal_read(const char *s, char **end);
 
+/* A macro's value as a string literal: RB_TEXT_OF(RB_ERRORS_KEPT) is "10" (for SQL texts). */
+#define RB_TEXT_OF_(x) #x
+#define RB_TEXT_OF(x) RB_TEXT_OF_(x)
+
 #endif

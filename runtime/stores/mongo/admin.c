@@ -602,8 +602,7 @@ void mg_kick(rb_store *st, rb_kick_mode mode, const char *id, const char *topic,
 void mg_purge(rb_store *st, const char *status, const char *topic, double older_than,
               size_t limit, rb_count_cb cb, void *ud)
 {
-    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0 &&
-                    strcmp(status, "cancelled") != 0)) {
+    if (!rb_settled_status(status)) {
         cb(ud, "mongodb: purge: status must be completed, buried or cancelled", 0);
         return;
     }
@@ -643,7 +642,7 @@ static void one_op(rb_store *st, const char *what, const char *id, const char *r
 void mg_cancel_all(rb_store *st, const char *status, const char *topic, const char *reason,
                    rb_count_cb cb, void *ud)
 {
-    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+    if (status && !rb_live_status(status)) {
         cb(ud, "mongodb: cancel takes status pending or processing", 0);
         return;
     }

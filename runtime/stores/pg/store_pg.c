@@ -768,8 +768,7 @@ static void pg_purge(rb_store *bs, const char *status, const char *topic, double
                      size_t limit, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    if (!status || (strcmp(status, "completed") != 0 && strcmp(status, "buried") != 0 &&
-                    strcmp(status, "cancelled") != 0)) {
+    if (!rb_settled_status(status)) {
         cb(ud, "postgresql: purge deletes only completed, buried or cancelled deliveries", 0);
         return;
     }
@@ -1015,7 +1014,7 @@ static void pg_cancel_all(rb_store *bs, const char *status, const char *topic,
                           const char *reason, rb_count_cb cb, void *ud)
 {
     pg_store *s = (pg_store *)bs;
-    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+    if (status && !rb_live_status(status)) {
         cb(ud, "postgresql: cancel takes status pending or processing", 0);
         return;
     }

@@ -62,12 +62,10 @@
  * them, oldest first: an extra SET clause of SETTLE. */
 #define ERRORS_ADD \
     "  errors = CASE WHEN o.kind IN (1, 2) AND o.err IS NOT NULL THEN" \
-    "   (CASE WHEN jsonb_array_length(coalesce(d.errors, '[]')) >= " TEXT_OF(RB_ERRORS_KEPT) \
+    "   (CASE WHEN jsonb_array_length(coalesce(d.errors, '[]')) >= " RB_TEXT_OF(RB_ERRORS_KEPT) \
     "    THEN d.errors - 0 ELSE coalesce(d.errors, '[]') END) || jsonb_build_array(" \
     "    jsonb_build_object('attempt', d.attempts, 'at', date_part('epoch', now()), 'error', o.err))" \
     "   ELSE d.errors END,"
-#define TEXT_OF_(x) #x
-#define TEXT_OF(x) TEXT_OF_(x)
 
 /* The claim's query: at most p_limit due deliveries of p_topics, claimed (or buried when out of
  * attempts) and returned (CLAIM_FUNCTION; schema 11 runs it again per limited topic). */
@@ -446,8 +444,8 @@
     "  SELECT array_agg(DISTINCT t.id), 1 + coalesce(max(t.after_depth), 0) INTO live, depth" \
     " FROM \"@T\" AS t WHERE t.id = ANY(p_after) AND t." LIVE ";\n" \
     "  IF live IS NULL THEN RETURN; END IF;\n" \
-    "  IF depth > " TEXT_OF(RB_AFTER_DEPTH_MAX) " THEN\n" \
-    "    RAISE EXCEPTION 'after: a chain of more than " TEXT_OF(RB_AFTER_DEPTH_MAX) " dependencies';\n" \
+    "  IF depth > " RB_TEXT_OF(RB_AFTER_DEPTH_MAX) " THEN\n" \
+    "    RAISE EXCEPTION 'after: a chain of more than " RB_TEXT_OF(RB_AFTER_DEPTH_MAX) " dependencies';\n" \
     "  END IF;\n" \
     "  INSERT INTO \"@T_deps\" (id, dep) SELECT p_id, d FROM unnest(live) AS u(d) ORDER BY d;\n" \
     "  UPDATE \"@T\" SET waiting = cardinality(live), held_run_at = run_at," \

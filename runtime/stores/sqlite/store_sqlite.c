@@ -1218,8 +1218,7 @@ static job_rc run_schedule_fire(rb_sqlite *s, job *j)
 static job_rc run_purge(rb_sqlite *s, job *j)
 {
     j->count = 0;
-    if (!j->status || (strcmp(j->status, "completed") && strcmp(j->status, "buried") &&
-                       strcmp(j->status, "cancelled"))) {
+    if (!rb_settled_status(j->status)) {
         set_err(j, "sqlite: purge takes status completed, buried or cancelled, not '%s'",
                 j->status ? j->status : "(none)");
         return JOB_DONE;
@@ -2112,7 +2111,7 @@ static void sq_cancel_all(rb_store *base, const char *status, const char *topic,
                           const char *reason, rb_count_cb cb, void *ud)
 {
     rb_sqlite *s = (rb_sqlite *)base;
-    if (status && strcmp(status, "pending") && strcmp(status, "processing")) {
+    if (status && !rb_live_status(status)) {
         cb(ud, "sqlite: cancel takes status pending or processing", 0);
         return;
     }

@@ -152,12 +152,10 @@ static const char *const migrations[SCHEMA_VERSION] = {
  * (RB_MAX_EPOCH). */
 #define HELD_RUN_AT "1e300"
 
-#define TEXT_OF_(x) #x
-#define TEXT_OF(x) TEXT_OF_(x)
 /* A failed attempt's error (?5, when there is one, at ?1) joins the row's `errors`, the last
  * ERRORS_KEPT of them, oldest first. */
 #define ERRORS_ADD " errors = CASE WHEN ?5 IS NULL THEN errors ELSE json_insert(" \
-    "CASE WHEN json_array_length(coalesce(errors, '[]')) >= " TEXT_OF(RB_ERRORS_KEPT) \
+    "CASE WHEN json_array_length(coalesce(errors, '[]')) >= " RB_TEXT_OF(RB_ERRORS_KEPT) \
     " THEN json_remove(errors, '$[0]') ELSE coalesce(errors, '[]') END, '$[#]'," \
     " json_object('attempt', attempts, 'at', ?1, 'error', ?5)) END,"
 
@@ -194,7 +192,7 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         "   AND status = 'pending'),"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND status = 'processing'),"
-        " CASE WHEN " ID_SPAN " > " TEXT_OF(ESTIMATE_ABOVE_ROWS) " THEN -1 ELSE"
+        " CASE WHEN " ID_SPAN " > " RB_TEXT_OF(ESTIMATE_ABOVE_ROWS) " THEN -1 ELSE"
         "  (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
         "   AND status = 'completed') END,"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
