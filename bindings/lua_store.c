@@ -687,6 +687,14 @@ static int l_store_cancel(lua_State *L)
     if (lua_istable(L, 2)) return cancel_all(L, s);
     if (lua_type(L, 2) != LUA_TSTRING && lua_type(L, 2) != LUA_TNUMBER)
         return rb_misuse(L, "cancel: expected a delivery id (a string or a number), or {status =, topic =}");
+    if (lua_type(L, 2) == LUA_TNUMBER) {
+        /* 1.0 names delivery 1, as 1 does (its text would be "1.0", no id) */
+        int whole;
+        lua_Integer v = lua_tointegerx(L, 2, &whole);
+        if (!whole) return rb_misuse(L, "cancel: a delivery id given as a number must be a whole number");
+        lua_pushfstring(L, "%I", (LUAI_UACINT)v);
+        lua_replace(L, 2);
+    }
     size_t n;
     const char *id = lua_tolstring(L, 2, &n);
     if (strlen(id) != n) {      /* no id holds a NUL */
@@ -897,6 +905,9 @@ static int l_store_schedule(lua_State *L)
     if (every_type != LUA_TNIL && every_type != LUA_TNUMBER)
         rb_misuse(L, "schedule: every must be a number of seconds");
     sch.every = lua_tonumber(L, -1);
+    /* (0 and -0 given are out of range, not "left out": rb_schedule_next reads 0 as absent) */
+    if (every_type == LUA_TNUMBER && !(sch.every > 0))
+        rb_misuse(L, "schedule: every must be a number of seconds from 1 to 100 years");
     if (!sch.cron && every_type == LUA_TNIL) rb_misuse(L, "schedule: give cron or every");
     if (sch.cron && every_type != LUA_TNIL) rb_misuse(L, "schedule: give cron or every, not both");
     /* payload_json: JSON text, stored as given (as enqueue_json's) */

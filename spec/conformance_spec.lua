@@ -1506,6 +1506,11 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_nil(ids)
         assert.truthy(err:find("no delivery 999999999", 1, true), err)
         assert.equal(before, total(store))
+        -- (found by attack: the id went into the message as given, line breaks and all)
+        local id2, err2 = store:enqueue("dp.e", 2, { after = { "2\nFAKE LOG LINE", "\xff\xfe" } })
+        assert.is_nil(id2)
+        H.one_line(err2)
+        assert.is_nil(err2:find("\xff", 1, true), err2)
         local big = {}
         for i = 1, 1001 do big[i] = a end
         for _, case in ipairs {
@@ -1928,6 +1933,8 @@ for _, entry in ipairs(S.list { dialects = true }) do
           { "sc.x", { every = 0 / 0, topic = "sc.t" }, "every must be" },
           { "sc.x", { every = math.huge, topic = "sc.t" }, "every must be" },
           { "sc.x", { every = -5, topic = "sc.t" }, "every must be" },
+          { "sc.x", { every = -0.0, topic = "sc.t" }, "every must be" },
+          { "sc.x", { every = 0, topic = "sc.t" }, "every must be" },
           { "sc.x", { every = "5", topic = "sc.t" }, "every must be a number" },
           { "sc.x", { every = 5, topic = "sc.t", timezone = "UTC" }, "timezone goes with cron" },
           { "sc.x", { cron = "61 * * * *", topic = "sc.t" }, "minutes" },
@@ -2093,12 +2100,18 @@ for _, entry in ipairs(S.list { dialects = true }) do
                                "\xff\xfe", 42 } do
           assert.is_false(answer(store:cancel(bad)), "cancel of " .. tostring(bad):sub(1, 40))
         end
-        for _, bad in ipairs { {}, true, function() end } do
+        for _, bad in ipairs { {}, true, function() end, 1.5, 0 / 0, math.huge, 1e308 } do
           H.raises_relaybus(function() store:cancel(bad) end)
         end
         H.raises_relaybus(function() store:cancel() end)
         expect(store, id, { status = "pending" })
         assert.equal(0, assert(store:stats()).cancelled)
+        if sql then
+          -- (found by attack: 1.0 became the text "1.0", no id, and nothing was cancelled)
+          local other = assert(store:enqueue("cn.hostile", 2))
+          assert.is_true(answer(store:cancel(tonumber(other) + 0.0)))
+          expect(store, other, { status = "cancelled" })
+        end
       end)
 
       it("a running handler sees ctx.signal.reason cancelled at once, and nothing it settles after is written", function()

@@ -305,10 +305,20 @@ for _, entry in ipairs(S.list()) do
         assert.equal("cancelled", store:get(a1).status)
         assert.equal("cancelled from the dashboard", store:get(a1).last_error)
         assert.equal("pending", store:get(b1).status)
-        for _, q in ipairs { "", "?status=pending", "?status=processing&topic=bulk.b", "?status=x" } do
+        for _, q in ipairs { "", "?status=pending", "?status=processing&topic=bulk.b", "?status=x",
+                             -- (found by attack: a mistyped or empty filter deleted every one)
+                             "?status=cancelled&topci=bulk.a", "?status=cancelled&topic=",
+                             "?status=cancelled&topic" } do
           local s2 = call("DELETE", "/api/deliveries" .. q, D.auth)
           assert.equal(400, s2, q)
         end
+        for _, q in ipairs { "?topci=bulk.b", "?topic=", "?topic", "?status=pending&nope=1" } do
+          local s2, _, e = call("POST", "/api/deliveries/cancel" .. q, D.auth)
+          assert.equal(400, s2, q)
+          assert.truthy(e.error:find("parameter", 1, true), e.error)
+        end
+        assert.equal(400, (call("POST", "/api/deliveries/kick?status=buried&topci=x", D.auth)))
+        assert.equal("pending", store:get(b1).status, "a refused filter cancelled something")
         st, _, j = call("DELETE", "/api/deliveries?status=cancelled&topic=bulk.b", D.auth)
         assert.equal(200, st)
         assert.equal(0, j.count)

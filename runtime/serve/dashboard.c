@@ -670,9 +670,44 @@ static void get_list(req *r)
 static int allowed(req *r);
 static void not_supported(req *r);
 
-/* A bulk action's topic: NULL for any; 0 (answered) when it is too long. */
+/* A bulk action takes only its own parameters, each with a value: a mistyped one ("topci=b")
+ * or an empty topic must not widen it to every delivery. */
+typedef struct arg_check { const char *const *known; int empty_ok; char bad[80]; } arg_check;
+
+static enum MHD_Result check_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value)
+{
+    (void)kind;
+    arg_check *c = cls;
+    int known = 0;
+    for (const char *const *k = c->known; *k; k++) known |= !strcmp(*k, key);
+    if (!known || (!c->empty_ok && (!value || !*value))) {
+        char shown[40];
+        snprintf(c->bad, sizeof c->bad, "%s parameter '%s'", known ? "empty" : "unknown",
+                 rb_one_line(shown, sizeof shown, key));
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+/* 1 when the request's query holds only `known` parameters, each with a value (unless
+ * empty_ok); else 0, and answered 400. */
+static int only_args(req *r, const char *const *known, int empty_ok)
+{
+    arg_check c = {known, empty_ok, ""};
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, check_arg, &c);
+    if (!c.bad[0]) return 1;
+    respond_error(r, 400, c.bad);
+    return 0;
+}
+
+static const char *const bulk_args[] = {"status", "topic", NULL};
+
+/* A bulk action's topic: NULL for any; 0 (answered) when it is too long or a parameter is
+ * not one of status and topic. */
 static int bulk_topic(req *r, const char **topic)
 {
+    if (!only_args(r, bulk_args, 0)) return 0;
     *topic = arg(r, "topic");
     if (*topic && strlen(*topic) > 1024) { respond_error(r, 400, "topic too long"); return 0; }
     return 1;
@@ -781,6 +816,8 @@ static void route(req *r, const char *method, const char *url)
     if (!strcmp(url, "/api/deliveries/kick")) {
         if (!post) { r->allow = "POST"; respond_error(r, 405, "method not allowed"); return; }
         if (!allowed(r)) return;
+        /* (an empty topic is every topic here, as documented before cancel and delete came) */
+        if (!only_args(r, bulk_args, 1)) return;
         const char *status = arg(r, "status");
         if (!status || strcmp(status, "buried") != 0) {
             respond_error(r, 400, "kick takes status=buried");

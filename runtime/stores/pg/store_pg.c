@@ -413,7 +413,7 @@ static int enqueue_params(pg_op *op, const rb_enqueue_item *items, size_t n, int
         rb_buf ids = {0};
         for (size_t k = 0; k < items[i].nafter; k++) {
             if (!rb_decimal_id(items[i].after[k])) {
-                snprintf(op->bad_after, sizeof op->bad_after, "%.40s", items[i].after[k]);
+                rb_one_line(op->bad_after, sizeof op->bad_after, items[i].after[k]);
                 rb_buf_free(&ids);
                 rb_buf_free(&after);
                 return 0;

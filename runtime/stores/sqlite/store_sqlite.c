@@ -19,6 +19,7 @@
 #include "util/alloc.h"
 #include "util/check.h"
 #include "util/fifo.h"
+#include "util/text.h"
 #include "util/timer.h"
 
 #define BUSY_TIMEOUT_MS 5       /* the longest sqlite3 itself may block the loop on a lock */
@@ -415,7 +416,9 @@ static int enqueue_after(rb_sqlite *s, job *j, const rb_enqueue_item *it, sqlite
     for (size_t i = 0; rc == SQLITE_OK && i < it->nafter; i++) {
         sqlite3_int64 dep;
         if (!parse_id(it->after[i], &dep)) {
-            set_err(j, "sqlite: after: '%.40s' is no id of this store", it->after[i]);
+            char shown[48];     /* the caller's bytes, as one line of text */
+            set_err(j, "sqlite: after: '%s' is no id of this store",
+                    rb_one_line(shown, sizeof shown, it->after[i]));
             return SQLITE_ERROR;
         }
         sqlite3_stmt *st;
