@@ -324,6 +324,78 @@ for _, entry in ipairs(S.list { dialects = true }) do
         rows = assert(store:_topic_stats())
         assert.same({ topic = "ts.b", pending = 1, processing = 0, completed = 0, buried = 0, cancelled = 1 }, rows[2])
       end)
+
+      -- The stores keep the buried and the cancelled per topic as they change (SQL: triggers),
+      -- so every write that buries, cancels, kicks, purges or deletes must move them, and a
+      -- write by hand too. Each step compares them with what list finds.
+      it("the buried and the cancelled per topic stay exact through every write that moves them, by hand too", function()
+        local topics = { "tc.a", "tc.b", "tc.c" }
+        local function check(step)
+          local want = { buried = 0, cancelled = 0 }
+          local per = {}
+          for _, t in ipairs(topics) do
+            per[t] = { buried = #assert(store:list { topic = t, status = "buried", limit = 1000 }),
+                       cancelled = #assert(store:list { topic = t, status = "cancelled", limit = 1000 }) }
+            want.buried = want.buried + per[t].buried
+            want.cancelled = want.cancelled + per[t].cancelled
+          end
+          local got = {}
+          for _, row in ipairs(assert(store:_topic_stats())) do got[row.topic] = row end
+          for _, t in ipairs(topics) do
+            local g = got[t] or { buried = 0, cancelled = 0 }
+            assert.same(per[t], { buried = g.buried, cancelled = g.cancelled }, step .. ": " .. t)
+          end
+          local st = assert(store:stats())
+          assert.same(want, { buried = st.buried, cancelled = st.cancelled }, step)
+        end
+        local items = {}
+        for i = 1, 12 do items[#items + 1] = { topics[i % 3 + 1], { n = i }, { max_attempts = 1 } } end
+        local ids = assert(store:enqueue_many(items))
+        check("enqueued")
+        -- buried by failures, and completed, through a dispatcher
+        local runs = 0
+        drive(store, "tc.a", function(delivery, _, stop)
+          runs = runs + 1
+          if runs == 4 then stop() end
+          if delivery.payload.n % 2 == 0 then error("no") end
+        end)
+        check("run")
+        assert.is_true(assert(store:cancel(ids[2])))               -- one pending
+        check("cancel one")
+        assert(store:cancel { topic = "tc.c" })
+        check("cancel a topic")
+        assert.equal(1, store:kick(ids[2]))                          -- a cancelled one back
+        check("kick one")
+        assert(store:kick { status = "buried", topic = "tc.a" })
+        check("kick a topic")
+        drive(store, "tc.a", function(_, _, stop) stop(); error("again") end)
+        check("buried again")
+        assert.is_true(store:purge { status = "cancelled", older_than = 0, topic = "tc.c" } > 0)
+        check("purge")
+        D.with_server(store, { token = D.TOKEN }, function(_, call)
+          local live = assert(store:list { topic = "tc.b", status = "pending", limit = 1 })[1]
+          assert.equal(200, (call("POST", "/api/deliveries/" .. live.id .. "/bury", D.auth)))
+          check("bury by the dashboard")
+          assert.equal(200, (call("DELETE", "/api/deliveries/" .. live.id, D.auth)))
+          check("delete one")
+        end)
+        if sql then
+          local t = tbl or "relaybus_deliveries"
+          assert(store:transaction(function(tx)
+            assert(tx:exec("UPDATE " .. t .. " SET status = 'cancelled' WHERE topic = 'tc.b' AND status = 'pending'"))
+            assert(tx:exec("UPDATE " .. t .. " SET status = 'buried' WHERE status = 'cancelled' AND topic = 'tc.c'"))
+          end))
+          check("updates by hand")
+          assert(store:transaction(function(tx)
+            assert(tx:exec("DELETE FROM " .. t .. " WHERE topic = 'tc.b' AND status = 'cancelled'"))
+          end))
+          check("a delete by hand")
+          local a = assert(store:enqueue("tc.a", { n = 100 }))
+          assert(store:enqueue("tc.a", { n = 101 }, { after = { a } }))
+          assert.is_true(assert(store:cancel(a)))                    -- and the one after it
+          check("a cancel down a chain")
+        end
+      end)
     end)
 
     describe("concurrent enqueues", function()

@@ -44,8 +44,8 @@ local function runs_both(store, ids)
 end
 
 -- The current schema versions.
-local PG_VERSION, SQLITE_VERSION = 14, 7
-local UNDO_SQLITE_7
+local PG_VERSION, SQLITE_VERSION = 15, 8
+local UNDO_SQLITE_SINCE_7
 
 -- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of
 -- schemas 3 to 5 (what an older relaybus calls; since 7 both are wrappers of the first).
@@ -459,8 +459,11 @@ describe("opening a store", function()
         local function check_of(path)
           return sqlite_cli(path, "SELECT sql FROM sqlite_master WHERE name = 'relaybus_deliveries'"):match("CHECK %b()")
         end
-        -- What migration 7 (dependencies) made, undone: the triggers first (they name the columns).
-        UNDO_SQLITE_7 = "DROP TRIGGER relaybus_deliveries_dep_done; DROP TRIGGER relaybus_deliveries_dep_failed;"
+        -- What migrations 8 (counts) and 7 (dependencies) made, undone: the triggers first (they
+        -- name the columns).
+        UNDO_SQLITE_SINCE_7 = "DROP TRIGGER relaybus_deliveries_count_insert; DROP TRIGGER relaybus_deliveries_count_update;"
+          .. " DROP TRIGGER relaybus_deliveries_count_delete; DROP TABLE relaybus_deliveries_counts;"
+          .. " DROP TRIGGER relaybus_deliveries_dep_done; DROP TRIGGER relaybus_deliveries_dep_failed;"
           .. " DROP TABLE relaybus_deliveries_deps; ALTER TABLE relaybus_deliveries DROP COLUMN waiting;"
           .. " ALTER TABLE relaybus_deliveries DROP COLUMN held_run_at;"
           .. " ALTER TABLE relaybus_deliveries DROP COLUMN has_dependents;"
@@ -513,7 +516,7 @@ describe("opening a store", function()
           local path = S.tmpfile("v5") .. ".db"
           local store = assert(relaybus.open("sqlite:" .. path))
           store:close()
-          sqlite_cli(path, UNDO_SQLITE_7 .. " DROP TABLE relaybus_deliveries_schedules; UPDATE relaybus_schema SET version = 5")
+          sqlite_cli(path, UNDO_SQLITE_SINCE_7 .. " DROP TABLE relaybus_deliveries_schedules; UPDATE relaybus_schema SET version = 5")
           local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
           assert.is_nil(s)
           assert.truthy(err:find("outdated (run relaybus migrate)", 1, true), err)
@@ -528,10 +531,40 @@ describe("opening a store", function()
           store:close()
         end)
 
+        it("sqlite: a file of schema version 7 with buried and cancelled rows is migrated: its counts per topic are filled once", function()
+          local path = S.tmpfile("v7") .. ".db"
+          local store = assert(relaybus.open("sqlite:" .. path))
+          local ids = assert(store:enqueue_many { { "a", {} }, { "a", {} }, { "b", {} }, { "b", {} }, { "b", {} } })
+          store:close()
+          -- as version 7 left them: settled with no counts kept
+          sqlite_cli(path, "DROP TRIGGER relaybus_deliveries_count_insert; DROP TRIGGER relaybus_deliveries_count_update;"
+            .. " DROP TRIGGER relaybus_deliveries_count_delete; DROP TABLE relaybus_deliveries_counts;"
+            .. " UPDATE relaybus_deliveries SET status = 'buried', settled_at = 1 WHERE id IN ("
+            .. ids[1] .. ", " .. ids[3] .. ", " .. ids[4] .. "); UPDATE relaybus_deliveries"
+            .. " SET status = 'cancelled', settled_at = 1 WHERE id = " .. ids[2] .. ";"
+            .. " UPDATE relaybus_schema SET version = 7")
+          local s, err = relaybus.open("sqlite:" .. path, { migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("outdated (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open("sqlite:" .. path))
+          assert.equal(tostring(SQLITE_VERSION), (sqlite_cli(path, "SELECT version FROM relaybus_schema"):gsub("%s+$", "")))
+          local st = assert(store:stats())
+          assert.same({ 3, 1 }, { st.buried, st.cancelled })
+          local per = {}
+          for _, row in ipairs(assert(store:_topic_stats())) do per[row.topic] = row end
+          assert.same({ 1, 1, 0 }, { per.a.buried, per.a.cancelled, per.a.pending })
+          assert.same({ 2, 0, 1 }, { per.b.buried, per.b.cancelled, per.b.pending })
+          -- and kept from then on
+          assert(store:kick(ids[3]))
+          for _, row in ipairs(assert(store:_topic_stats())) do per[row.topic] = row end
+          assert.same({ 1, 0, 2 }, { per.b.buried, per.b.cancelled, per.b.pending })
+          store:close()
+        end)
+
         it("sqlite: a file of schema version 3 is refused without migrate and brought to the current by open: cancelled, progress and errors", function()
           local path = S.tmpfile("v3") .. ".db"
           local ids = file_with_old_check(path, { { "t", { n = 1 } }, { "t", { n = 2 } } }, OLD_CHECKS[2])
-          sqlite_cli(path, UNDO_SQLITE_7 .. " DROP TABLE relaybus_deliveries_schedules;"
+          sqlite_cli(path, UNDO_SQLITE_SINCE_7 .. " DROP TABLE relaybus_deliveries_schedules;"
             .. " DROP INDEX relaybus_deliveries_group; DROP INDEX relaybus_deliveries_group_running;"
             .. " DROP INDEX relaybus_deliveries_running; DROP TABLE relaybus_deliveries_starts;"
             .. " ALTER TABLE relaybus_deliveries_topics DROP COLUMN rate_max;"
@@ -775,6 +808,43 @@ print("RAN " .. table.concat(ran, ","))
           assert.equal(0, claim(", true, true"))        -- the slots free: no wait
           holder:close()
           runs_both(store, assert(store:enqueue_many { { "t", { n = 1 } }, { "t", { n = 2 } } }))
+          store:close()
+        end)
+
+        it("postgresql: a table of schema version 14 with buried and cancelled rows is migrated: its counts per topic are filled once, then kept", function()
+          local url = entry.url()
+          local t = S.unique("v14")
+          local store = assert(relaybus.open(url, { table = t }))
+          local ids = assert(store:enqueue_many { { "a", {} }, { "a", {} }, { "b", {} }, { "b", {} }, { "b", {} } })
+          -- as version 14 left them: settled with no counts kept
+          exec_all(store, 'DROP TRIGGER "' .. t .. '_tally_insert" ON "' .. t .. '"',
+            'DROP TRIGGER "' .. t .. '_tally_update" ON "' .. t .. '"',
+            'DROP TRIGGER "' .. t .. '_tally_delete" ON "' .. t .. '"',
+            'DROP TRIGGER "' .. t .. '_tally_truncate" ON "' .. t .. '"',
+            'DROP FUNCTION "' .. t .. '_tally"()', 'DROP TABLE "' .. t .. '_counts"',
+            'UPDATE "' .. t .. "\" SET status = 'buried', settled_at = now() WHERE id IN ("
+              .. ids[1] .. ", " .. ids[3] .. ", " .. ids[4] .. ")",
+            'UPDATE "' .. t .. "\" SET status = 'cancelled', settled_at = now() WHERE id = " .. ids[2],
+            "UPDATE relaybus_schema SET version = 14 WHERE table_name = '" .. t .. "'")
+          store:close()
+          local s, err = relaybus.open(url, { table = t, migrate = false })
+          assert.is_nil(s)
+          assert.truthy(err:find("version 14, this relaybus needs " .. PG_VERSION .. " (run relaybus migrate)", 1, true), err)
+          store = assert(relaybus.open(url, { table = t }))
+          local st = assert(store:stats())
+          assert.same({ 3, 1 }, { st.buried, st.cancelled })
+          local per = {}
+          for _, row in ipairs(assert(store:_topic_stats())) do per[row.topic] = row end
+          assert.same({ 1, 1, 0 }, { per.a.buried, per.a.cancelled, per.a.pending })
+          assert.same({ 2, 0, 1 }, { per.b.buried, per.b.cancelled, per.b.pending })
+          assert(store:kick(ids[3]))
+          for _, row in ipairs(assert(store:_topic_stats())) do per[row.topic] = row end
+          assert.same({ 1, 0, 2 }, { per.b.buried, per.b.cancelled, per.b.pending })
+          -- a TRUNCATE empties the counts with the table
+          exec_all(store, 'TRUNCATE "' .. t .. '"')
+          st = assert(store:stats())
+          assert.same({ 0, 0 }, { st.buried, st.cancelled })
+          assert.same({}, assert(store:_topic_stats()))
           store:close()
         end)
 

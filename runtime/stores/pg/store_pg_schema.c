@@ -494,6 +494,52 @@
     "CREATE CONSTRAINT TRIGGER \"@T_dep_check\" AFTER INSERT ON \"@T_deps\"" \
     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION \"@T_dep_check\"();\n"
 
+/* The buried and the cancelled per topic (schema 15), kept by triggers in the writes that
+ * change them, so stats read one row per topic however many millions of rows are settled.
+ * Those writes are rare (a completion, the common write, meets none of the WHEN terms). Each
+ * takes one transaction-scoped advisory lock of the table (the claim slots' two-integer form,
+ * with -1 where they have a slot's number) before it touches "@T_counts": two settles that
+ * bury in two topics in opposite orders would otherwise each hold the row the other waits for.
+ * Row triggers run when their statement ends, once its rows are locked, and "@T_tally" sorts
+ * after the table's other triggers, so the lock is taken last in a statement. A TRUNCATE
+ * empties the counts with the table. */
+#define COUNTED(ROW) ROW ".status IN ('buried', 'cancelled')"
+#define COUNT_ADD(ROW, SIGN) \
+    "    INSERT INTO \"@T_counts\" AS k (topic, buried, cancelled) VALUES (" ROW ".topic," \
+    " " SIGN " * (" ROW ".status = 'buried')::integer, " SIGN " * (" ROW ".status = 'cancelled')::integer)" \
+    " ON CONFLICT (topic) DO UPDATE SET buried = k.buried + excluded.buried," \
+    " cancelled = k.cancelled + excluded.cancelled;\n"
+#define COUNTS \
+    "CREATE TABLE IF NOT EXISTS \"@T_counts\" (topic text PRIMARY KEY," \
+    " buried bigint NOT NULL DEFAULT 0, cancelled bigint NOT NULL DEFAULT 0);\n" \
+    "CREATE OR REPLACE FUNCTION \"@T_tally\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n" \
+    "BEGIN\n" \
+    "  IF TG_OP = 'TRUNCATE' THEN\n" \
+    "    DELETE FROM \"@T_counts\";\n" \
+    "    RETURN NULL;\n" \
+    "  END IF;\n" \
+    "  PERFORM pg_advisory_xact_lock(('\"@T\"'::regclass::oid::bigint - 2147483648)::integer, -1);\n" \
+    "  IF TG_OP <> 'INSERT' AND " COUNTED("OLD") " THEN\n" COUNT_ADD("OLD", "-1") \
+    "  END IF;\n" \
+    "  IF TG_OP <> 'DELETE' AND " COUNTED("NEW") " THEN\n" COUNT_ADD("NEW", "1") \
+    "  END IF;\n" \
+    "  RETURN NULL;\n" \
+    "END\n" \
+    "$f$;\n" \
+    "ALTER FUNCTION \"@T_tally\"() SET search_path FROM CURRENT;\n" \
+    "DROP TRIGGER IF EXISTS \"@T_tally_insert\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_tally_insert\" AFTER INSERT ON \"@T\" FOR EACH ROW" \
+    " WHEN (" COUNTED("NEW") ") EXECUTE FUNCTION \"@T_tally\"();\n" \
+    "DROP TRIGGER IF EXISTS \"@T_tally_update\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_tally_update\" AFTER UPDATE OF status, topic ON \"@T\" FOR EACH ROW" \
+    " WHEN ((OLD.status IS DISTINCT FROM NEW.status OR OLD.topic IS DISTINCT FROM NEW.topic)" \
+    " AND (" COUNTED("OLD") " OR " COUNTED("NEW") ")) EXECUTE FUNCTION \"@T_tally\"();\n" \
+    "DROP TRIGGER IF EXISTS \"@T_tally_delete\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_tally_delete\" AFTER DELETE ON \"@T\" FOR EACH ROW" \
+    " WHEN (" COUNTED("OLD") ") EXECUTE FUNCTION \"@T_tally\"();\n" \
+    "DROP TRIGGER IF EXISTS \"@T_tally_truncate\" ON \"@T\";\n" \
+    "CREATE TRIGGER \"@T_tally_truncate\" AFTER TRUNCATE ON \"@T\" FOR EACH STATEMENT" \
+    " EXECUTE FUNCTION \"@T_tally\"();\n"
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
     "CREATE TABLE IF NOT EXISTS \"@T\" ("
@@ -783,6 +829,14 @@ static const char *const migrations[] = {
      * before the retention deletes them). Building them reads the table once. */
     "CREATE INDEX IF NOT EXISTS \"@T_buried\" ON \"@T\" (topic, id) WHERE status = 'buried';\n"
     "CREATE INDEX IF NOT EXISTS \"@T_cancelled\" ON \"@T\" (topic, id) WHERE status = 'cancelled';\n",
+    /* 15: the buried and the cancelled per topic, kept (COUNTS above); the triggers wait for
+     * the table's lock as in 10, and that lock keeps every writer out until the fill commits */
+    "SET LOCAL lock_timeout = '10s';\n"
+    COUNTS
+    "DELETE FROM \"@T_counts\";\n"
+    "INSERT INTO \"@T_counts\" (topic, buried, cancelled) SELECT topic,"
+    " count(*) FILTER (WHERE status = 'buried'), count(*) FILTER (WHERE status = 'cancelled')"
+    " FROM \"@T\" WHERE status IN ('buried', 'cancelled') GROUP BY topic;\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -867,7 +921,7 @@ const char rb_pg_sql_cancel_all[] =
     " SELECT id::text, tok, CASE WHEN tok IS NOT NULL"
     "  THEN pg_notify($4::text, 'cancel ' || id || ' ' || tok) END FROM upd";
 /* Stats that stay quick however many rows are settled: the live ones through "@T_due", the
- * buried and the cancelled through their indexes (schema 14), and the completed counted only
+ * buried and the cancelled from "@T_counts" (schema 15), and the completed counted only
  * in a table of fewer than ESTIMATE_ABOVE rows; in a larger one they are the planner's estimate
  * of the table's rows (pg_class, scaled to its size now, as the planner does) less the others,
  * and the last column says so. */
@@ -876,33 +930,30 @@ const char rb_pg_sql_cancel_all[] =
     "(SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL ELSE c.reltuples / c.relpages" \
     " * (pg_relation_size(c.oid) / current_setting('block_size')::float8) END FROM pg_class AS c" \
     " WHERE c.oid = (SELECT tableoid FROM \"@T\" LIMIT 1))"
-/* Per topic: in a small table (rb_pg_sql_table_large false) every count; in a large one the
- * live ones, the buried and the cancelled through their indexes, and the completed left out
- * (NULL: no estimate per topic). Two statements, chosen by the first: one with both forms
- * behind a one-time filter still started parallel workers for the count it never ran. */
+/* Whether the table is large: the per-topic stats (below) are two statements, chosen by this
+ * one: one with both forms behind a one-time filter still started parallel workers for the
+ * count it never ran. */
 const char rb_pg_sql_table_large[] =
     "SELECT coalesce(" TABLE_ROWS_ESTIMATE " > " ESTIMATE_ABOVE ", false)";
-const char rb_pg_sql_topic_stats[] =
-    "SELECT topic, count(*) FILTER (WHERE status = 'pending') AS pending,"
-    " count(*) FILTER (WHERE status = 'processing') AS processing,"
-    " count(*) FILTER (WHERE status = 'completed') AS completed,"
-    " count(*) FILTER (WHERE status = 'buried') AS buried,"
-    " count(*) FILTER (WHERE status = 'cancelled') AS cancelled,"
-    " greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'"
-    "  AND run_at <= now())), 0))::float8 AS oldest_due_age"
-    " FROM \"@T\" GROUP BY topic ORDER BY topic LIMIT $1::bigint";
-const char rb_pg_sql_topic_stats_large[] =
-    "WITH live AS (SELECT topic, count(*) FILTER (WHERE status = 'pending') AS p,"
-    "  count(*) FILTER (WHERE status = 'processing') AS r,"
-    "  greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'"
-    "   AND run_at <= now())), 0))::float8 AS age FROM \"@T\" WHERE " LIVE " GROUP BY topic),"
-    " b AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'buried' GROUP BY topic),"
-    " c AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'cancelled' GROUP BY topic),"
-    " t AS (SELECT topic FROM live UNION SELECT topic FROM b UNION SELECT topic FROM c)"
-    " SELECT t.topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing,"
-    " NULL::bigint AS completed, coalesce(b.n, 0) AS buried, coalesce(c.n, 0) AS cancelled,"
-    " coalesce(live.age, 0) AS oldest_due_age FROM t LEFT JOIN live USING (topic)"
-    " LEFT JOIN b USING (topic) LEFT JOIN c USING (topic) ORDER BY t.topic LIMIT $1::bigint";
+/* Per topic: the live ones through "@T_due", the buried and the cancelled from "@T_counts",
+ * and the completed counted in a small table (rb_pg_sql_topic_stats) and left out (NULL) in a
+ * large one (rb_pg_sql_topic_stats_large). */
+#define TOPIC_STATS(D, D_TOPICS, D_COUNT, D_JOIN) \
+    "WITH live AS (SELECT topic, count(*) FILTER (WHERE status = 'pending') AS p," \
+    "  count(*) FILTER (WHERE status = 'processing') AS r," \
+    "  greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'" \
+    "   AND run_at <= now())), 0))::float8 AS age FROM \"@T\" WHERE " LIVE " GROUP BY topic)," \
+    " k AS (SELECT topic, buried, cancelled FROM \"@T_counts\" WHERE buried <> 0 OR cancelled <> 0)" \
+    D "," \
+    " t AS (SELECT topic FROM live UNION SELECT topic FROM k" D_TOPICS ")" \
+    " SELECT t.topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing," \
+    " " D_COUNT " AS completed, coalesce(k.buried, 0) AS buried, coalesce(k.cancelled, 0) AS cancelled," \
+    " coalesce(live.age, 0) AS oldest_due_age FROM t LEFT JOIN live USING (topic)" \
+    " LEFT JOIN k USING (topic)" D_JOIN " ORDER BY t.topic LIMIT $1::bigint"
+const char rb_pg_sql_topic_stats[] = TOPIC_STATS(
+    ", d AS (SELECT topic, count(*) AS n FROM \"@T\" WHERE status = 'completed' GROUP BY topic)",
+    " UNION SELECT topic FROM d", "coalesce(d.n, 0)", " LEFT JOIN d USING (topic)");
+const char rb_pg_sql_topic_stats_large[] = TOPIC_STATS("", "", "NULL::bigint", "");
 /* $1 the topic; a row only when the state changes. A resume wakes idle dispatchers ($2 the
  * channel, the table's name): the topic's deliveries may be due. */
 const char rb_pg_sql_pause[] =
@@ -970,8 +1021,8 @@ const char rb_pg_sql_stats[] =
     "   AS age,"
     "  count(*) FILTER (WHERE status = 'processing' AND coalesce(lease_expires_at <= now(), true))"
     "   AS stalled FROM \"@T\" WHERE " LIVE "),"
-    " b AS (SELECT count(*) AS n FROM \"@T\" WHERE status = 'buried'),"
-    " c AS (SELECT count(*) AS n FROM \"@T\" WHERE status = 'cancelled'),"
+    " b AS (SELECT coalesce(sum(buried), 0)::bigint AS n FROM \"@T_counts\"),"
+    " c AS (SELECT coalesce(sum(cancelled), 0)::bigint AS n FROM \"@T_counts\"),"
     " est AS (SELECT " TABLE_ROWS_ESTIMATE " AS n)"
     " SELECT live.p, live.r, CASE WHEN est.n > " ESTIMATE_ABOVE
     "  THEN greatest(0, round(est.n)::bigint - live.p - live.r - b.n - c.n)"

@@ -15,10 +15,29 @@
 #include "util/alloc.h"
 #include "util/text.h"
 
-#define SCHEMA_VERSION  7
+#define SCHEMA_VERSION  8
 #define OPEN_TIMEOUT_MS 10000   /* open and migrate block (store.h) */
 
 /* --- schema ----------------------------------------------------------------------------- */
+/* Adds (SIGN 1) or takes (-1) the row ROW's status to or from its topic's counts. */
+#define COUNT_ADD(ROW, SIGN) \
+    " INSERT INTO \"{t}_counts\" (topic, buried, cancelled) VALUES (" ROW ".topic," \
+    "  " SIGN " * (" ROW ".status = 'buried'), " SIGN " * (" ROW ".status = 'cancelled'))" \
+    "  ON CONFLICT (topic) DO UPDATE SET buried = buried + excluded.buried," \
+    "  cancelled = cancelled + excluded.cancelled;"
+#define COUNTED(ROW) ROW ".status IN ('buried','cancelled')"
+#define COUNT_TRIGGERS \
+    "CREATE TABLE IF NOT EXISTS \"{t}_counts\" (topic TEXT PRIMARY KEY," \
+    " buried INTEGER NOT NULL DEFAULT 0, cancelled INTEGER NOT NULL DEFAULT 0);" \
+    "CREATE TRIGGER IF NOT EXISTS \"{t}_count_insert\" AFTER INSERT ON \"{t}\"" \
+    " WHEN " COUNTED("NEW") " BEGIN" COUNT_ADD("NEW", "1") " END;" \
+    "CREATE TRIGGER IF NOT EXISTS \"{t}_count_update\" AFTER UPDATE OF status, topic ON \"{t}\"" \
+    " WHEN (OLD.status IS NOT NEW.status OR OLD.topic IS NOT NEW.topic)" \
+    "  AND (" COUNTED("OLD") " OR " COUNTED("NEW") ") BEGIN" \
+    COUNT_ADD("OLD", "-1") COUNT_ADD("NEW", "1") " END;" \
+    "CREATE TRIGGER IF NOT EXISTS \"{t}_count_delete\" AFTER DELETE ON \"{t}\"" \
+    " WHEN " COUNTED("OLD") " BEGIN" COUNT_ADD("OLD", "-1") " END;"
+
 /* SQL templates say "{t}" for the deliveries table name (a validated identifier, always
  * quoted). The partial indexes keep claims and dedupe cheap however many settled rows pile up;
  * queries repeat an index's WHERE term verbatim so the planner can use it. */
@@ -117,6 +136,15 @@ static const char *const migrations[SCHEMA_VERSION] = {
     "  AND waiting > 0;"
     " DELETE FROM \"{t}_deps\" WHERE dep = NEW.id;"
     " END;",
+    /* 8: the buried and the cancelled per topic, kept by triggers in the writes that change
+     * them (rare: a completion, the common write, reaches none of them), so stats read them
+     * in one row per topic however many millions of rows are settled. The topic of a row never
+     * changes; the update trigger still counts a change of it, so no write can make a count
+     * wrong. Filled once here from the rows there are. */
+    COUNT_TRIGGERS
+    "INSERT INTO \"{t}_counts\" (topic, buried, cancelled) SELECT topic, sum(status = 'buried'),"
+    " sum(status = 'cancelled') FROM \"{t}\" WHERE status IN ('buried','cancelled')"
+    " GROUP BY topic;",
 };
 
 /* The status CHECK as migration 1 wrote it, as earlier versions rewrote it, and as it is
@@ -195,9 +223,8 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " CASE WHEN " ID_SPAN " > " RB_TEXT_OF(ESTIMATE_ABOVE_ROWS) " THEN -1 ELSE"
         "  (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
         "   AND status = 'completed') END,"
-        " (SELECT count(*) FROM \"{t}\" WHERE status IN ('completed','buried')"
-        "   AND status = 'buried'),"
-        " (SELECT count(*) FROM \"{t}\" WHERE status = 'cancelled'),"
+        " (SELECT coalesce(sum(buried), 0) FROM \"{t}_counts\"),"
+        " (SELECT coalesce(sum(cancelled), 0) FROM \"{t}_counts\"),"
         " count(*), min(run_at),"
         " (SELECT count(*) FROM \"{t}\" WHERE status IN ('pending','processing')"
         "   AND status = 'processing' AND " NO_LIVE_LEASE("?2", "?3", "?1") ")"
@@ -218,24 +245,25 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
         " lease_token = NULL WHERE id = ?2 AND status IN ('pending','processing')",
     [ST_DELETE_ONE] = "DELETE FROM \"{t}\" WHERE id = ?2"
         " AND (status IN ('completed','buried') OR status = 'cancelled')",
-    [ST_TOPIC_STATS] = "SELECT topic, sum(status = 'pending') AS pending,"
-        " sum(status = 'processing') AS processing, sum(status = 'completed') AS completed,"
-        " sum(status = 'buried') AS buried, sum(status = 'cancelled') AS cancelled,"
-        " max(0, ?2 - coalesce(min(CASE WHEN status = 'pending' THEN run_at END), ?2))"
-        " AS oldest_due_age FROM \"{t}\" GROUP BY topic ORDER BY topic LIMIT ?1",
-    /* the same for a large table (ST_ID_SPAN above ESTIMATE_ABOVE_ROWS): the live, the buried
-     * and the cancelled through their indexes, the completed left out (NULL) */
-    [ST_TOPIC_STATS_LARGE] = "WITH live AS (SELECT topic, sum(status = 'pending') AS p,"
-        "  sum(status = 'processing') AS r, min(CASE WHEN status = 'pending' THEN run_at END) AS m"
-        "  FROM \"{t}\" WHERE status IN ('pending','processing') GROUP BY topic),"
-        " b AS (SELECT topic, count(*) AS n FROM \"{t}\" WHERE status IN ('completed','buried')"
-        "  AND status = 'buried' GROUP BY topic),"
-        " c AS (SELECT topic, count(*) AS n FROM \"{t}\" WHERE status = 'cancelled' GROUP BY topic),"
-        " t AS (SELECT topic FROM live UNION SELECT topic FROM b UNION SELECT topic FROM c)"
-        " SELECT t.topic AS topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing,"
-        " NULL AS completed, coalesce(b.n, 0) AS buried, coalesce(c.n, 0) AS cancelled,"
-        " max(0, ?2 - coalesce(live.m, ?2)) AS oldest_due_age FROM t LEFT JOIN live USING (topic)"
-        " LEFT JOIN b USING (topic) LEFT JOIN c USING (topic) ORDER BY t.topic LIMIT ?1",
+    /* Per topic: the live ones through "{t}_due", the buried and the cancelled from
+     * "{t}_counts", and the completed counted in a small table (ST_TOPIC_STATS) and left out
+     * (NULL) in a large one (ST_TOPIC_STATS_LARGE: ST_ID_SPAN above ESTIMATE_ABOVE_ROWS). */
+#define TOPIC_STATS(D, D_TOPICS, D_COUNT, D_JOIN) \
+        "WITH live AS (SELECT topic, sum(status = 'pending') AS p," \
+        "  sum(status = 'processing') AS r, min(CASE WHEN status = 'pending' THEN run_at END) AS m" \
+        "  FROM \"{t}\" WHERE status IN ('pending','processing') GROUP BY topic)," \
+        " k AS (SELECT topic, buried, cancelled FROM \"{t}_counts\"" \
+        "  WHERE buried <> 0 OR cancelled <> 0)" D "," \
+        " t AS (SELECT topic FROM live UNION SELECT topic FROM k" D_TOPICS ")" \
+        " SELECT t.topic AS topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing," \
+        " " D_COUNT " AS completed, coalesce(k.buried, 0) AS buried," \
+        " coalesce(k.cancelled, 0) AS cancelled, max(0, ?2 - coalesce(live.m, ?2)) AS oldest_due_age" \
+        " FROM t LEFT JOIN live USING (topic) LEFT JOIN k USING (topic)" D_JOIN \
+        " ORDER BY t.topic LIMIT ?1"
+    [ST_TOPIC_STATS] = TOPIC_STATS(", d AS (SELECT topic, count(*) AS n FROM \"{t}\""
+        "  WHERE status IN ('completed','buried') AND status = 'completed' GROUP BY topic)",
+        " UNION SELECT topic FROM d", "coalesce(d.n, 0)", " LEFT JOIN d USING (topic)"),
+    [ST_TOPIC_STATS_LARGE] = TOPIC_STATS("", "", "NULL", ""),
     [ST_ID_SPAN] = "SELECT " ID_SPAN,
     /* the earliest due pending deliveries, at most ?2, through "{t}_due" (its own WHERE term
      * repeated: SQLite uses a partial index only for a query that states its condition) */
