@@ -766,8 +766,14 @@ describe("relaybus dashboard", function()
     post("/api/deliveries/" .. ids.completed[1] .. "/cancel")     -- completed: nothing to cancel
     post("/api/deliveries/" .. ids.pending[1] .. "/cancel")
     post("/api/deliveries/" .. ids.completed[2], "DELETE")
-    local want = { "dashboard: kick every buried delivery of topic ok: 0 changed",
-                   "dashboard: kick every buried delivery of topic bad: 1 changed",
+    -- a topic that would break the line, or pass for another's words, stays quoted on one line
+    post("/api/deliveries/cancel?topic=x%0Adashboard:%20delete%20every%20%22delivery")
+    post("/api/deliveries?status=buried&topic=" .. ("%C3%A9"):rep(40), "DELETE")
+    local want = { 'dashboard: kick every buried delivery of topic "ok": 0 changed',
+                   'dashboard: kick every buried delivery of topic "bad": 1 changed',
+                   'dashboard: cancel every pending or processing delivery of topic'
+                     .. ' "x\\u000adashboard: delete every \\"delivery": 0 changed',
+                   'dashboard: delete every buried delivery of topic "' .. ("\u{e9}"):rep(30) .. '" [cut]: 0 changed',
                    "dashboard: cancel delivery " .. ids.completed[1] .. ": 0 changed",
                    "dashboard: cancel delivery " .. ids.pending[1] .. ": 1 changed",
                    "dashboard: delete delivery " .. ids.completed[2] .. ": 1 changed" }

@@ -56,7 +56,7 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
   end)
 
   it("the docs hold every program this spec runs", function()
-    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "schedules.lua", "flow.lua", "embed.sh" } do
+    for _, name in ipairs { "outbox.lua", "outbox.sh", "kick.sh", "credits.lua", "groups.lua", "schedules.lua", "flow.lua", "partner.lua", "embed.sh" } do
       assert.is_string(files[name], name .. " is not in the docs")
     end
   end)
@@ -186,6 +186,34 @@ describe("the first hour (docs/first-hour.md, run as written)", function()
     table.sort(regions)
     assert.same({ "east", "north", "south" }, regions, out)
     assert.truthy(lines[5]:match("^report%s+2026%-11$"), out)
+  end)
+
+  it("the partner example keeps its limits and its pause, replaces by key, cancels, and shows progress", function()
+    local dir = S.tmpdir() .. "/" .. S.unique("partner")
+    os.execute("mkdir -p " .. S.quote(dir))
+    S.write(dir .. "/partner.lua", files["partner.lua"])
+    local t0 = S.mono()
+    local rc, out, err = sh("relaybus run partner.lua", nil, dir)
+    local took = S.mono() - t0
+    assert.equal(0, rc, err)
+    local lines = {}
+    for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
+    assert.equal(10, #lines, out)
+    assert.equal("paused: synced 0", lines[1])
+    local names = {}
+    for i = 2, 9 do
+      local user, name = lines[i]:match("^synced%s+(%d+)%s+(.+)$")
+      assert.truthy(user, out)
+      names[tonumber(user)] = name
+    end
+    assert.equal("Ada L.", names[1], out)
+    for user = 2, 8 do assert.equal("u" .. user, names[user], out) end
+    assert.equal("at most 2 at once; user 1 sent; export cancelled", lines[10])
+    -- 8 starts at 5 a second take over a second after the half-second pause
+    assert.is_true(took > 1.5, ("ran %.2f s"):format(took))
+    rc, out, err = sh("relaybus limits --store sqlite:partner.db", nil, dir)
+    assert.equal(0, rc, err)
+    assert.truthy(out:find("partner.sync", 1, true), out)
   end)
 
   it("the embedding commands build and run a host, shared and static, from a fresh prefix", function()

@@ -3,6 +3,7 @@
  * into it (MHD_run) is made from the loop. A request that needs the store is suspended
  * (MHD_suspend_connection) until the store's callback, which resumes it and asks for a run. */
 #include <arpa/inet.h>
+#include <assert.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -117,7 +118,7 @@ struct req {
     const char *allow;          /* 405: the Allow header */
     int auth_challenge;         /* 401: WWW-Authenticate */
     size_t limit;               /* list: the page size asked for */
-    char audit[200];            /* an action: what it does, for its audit line with the outcome */
+    char audit[512];            /* an action: what it does, for its audit line with the outcome */
 };
 
 /* ---- connections and their deadlines ---------------------------------------------------- */
@@ -705,6 +706,25 @@ static const char *const bulk_args[] = {"status", "topic", NULL};
 
 /* A bulk action's topic: NULL for any; 0 (answered) when it is too long or a parameter is
  * not one of status and topic. */
+/* " of topic \"T\"" for an audit line (empty without a topic): quoted and escaped as JSON,
+ * so no topic can break the line or pass for another's words; cut at 60 bytes of topic
+ * (escaped, at most 6 characters each: out needs AUDIT_TOPIC). */
+#define AUDIT_TOPIC 400
+static const char *audit_topic(char *out, size_t cap, const char *topic)
+{
+    assert(cap >= AUDIT_TOPIC);
+    out[0] = 0;
+    if (!topic) return out;
+    rb_buf b;
+    rb_buf_init(&b);
+    size_t len = strlen(topic);
+    rb_json_string(&b, topic, len > 60 ? 60 : len);
+    if (!rb_buf_failed(&b))
+        snprintf(out, cap, " of topic %.*s%s", (int)b.len, b.data, len > 60 ? " [cut]" : "");
+    rb_buf_free(&b);
+    return out;
+}
+
 static int bulk_topic(req *r, const char **topic)
 {
     if (!only_args(r, bulk_args, 0)) return 0;
@@ -727,8 +747,9 @@ static void cancel_all(req *r)
     if (!bulk_topic(r, &topic)) return;
     if (!d->store->vt->cancel_all) { not_supported(r); return; }
     if (!op_start(r)) return;
-    snprintf(r->audit, sizeof r->audit, "cancel every %s delivery%s%.120s",
-             status ? status : "pending or processing", topic ? " of topic " : "", topic ? topic : "");
+    char of[AUDIT_TOPIC];
+    snprintf(r->audit, sizeof r->audit, "cancel every %s delivery%s",
+             status ? status : "pending or processing", audit_topic(of, sizeof of, topic));
     d->store->vt->cancel_all(d->store, status, topic, "cancelled from the dashboard",
                              on_cancel_all, r);
 }
@@ -746,8 +767,9 @@ static void delete_all(req *r)
     }
     if (!bulk_topic(r, &topic)) return;
     if (!op_start(r)) return;
-    snprintf(r->audit, sizeof r->audit, "delete every %s delivery%s%.120s", status,
-             topic ? " of topic " : "", topic ? topic : "");
+    char of[AUDIT_TOPIC];
+    snprintf(r->audit, sizeof r->audit, "delete every %s delivery%s", status,
+             audit_topic(of, sizeof of, topic));
     d->store->vt->purge(d->store, status, topic, 0, 0, on_delete_all, r);
 }
 
@@ -825,8 +847,9 @@ static void route(req *r, const char *method, const char *url)
         }
         const char *topic = arg(r, "topic");
         if (!op_start(r)) return;
-        snprintf(r->audit, sizeof r->audit, "kick every buried delivery%s%.120s",
-                 topic ? " of topic " : "", topic ? topic : "");
+        char of[AUDIT_TOPIC];
+        snprintf(r->audit, sizeof r->audit, "kick every buried delivery%s",
+                 audit_topic(of, sizeof of, topic));
         d->store->vt->kick(d->store, RB_KICK_BURIED, NULL, topic, on_kick_all, r);
         return;
     }
