@@ -463,6 +463,7 @@ describe("opening a store", function()
         -- name the columns).
         UNDO_SQLITE_SINCE_7 = "DROP TRIGGER relaybus_deliveries_count_insert; DROP TRIGGER relaybus_deliveries_count_update;"
           .. " DROP TRIGGER relaybus_deliveries_count_delete; DROP TABLE relaybus_deliveries_counts;"
+          .. " DROP INDEX relaybus_deliveries_buried_topic; DROP INDEX relaybus_deliveries_cancelled_topic;"
           .. " DROP TRIGGER relaybus_deliveries_dep_done; DROP TRIGGER relaybus_deliveries_dep_failed;"
           .. " DROP TABLE relaybus_deliveries_deps; ALTER TABLE relaybus_deliveries DROP COLUMN waiting;"
           .. " ALTER TABLE relaybus_deliveries DROP COLUMN held_run_at;"
@@ -539,6 +540,7 @@ describe("opening a store", function()
           -- as version 7 left them: settled with no counts kept
           sqlite_cli(path, "DROP TRIGGER relaybus_deliveries_count_insert; DROP TRIGGER relaybus_deliveries_count_update;"
             .. " DROP TRIGGER relaybus_deliveries_count_delete; DROP TABLE relaybus_deliveries_counts;"
+            .. " DROP INDEX relaybus_deliveries_buried_topic; DROP INDEX relaybus_deliveries_cancelled_topic;"
             .. " UPDATE relaybus_deliveries SET status = 'buried', settled_at = 1 WHERE id IN ("
             .. ids[1] .. ", " .. ids[3] .. ", " .. ids[4] .. "); UPDATE relaybus_deliveries"
             .. " SET status = 'cancelled', settled_at = 1 WHERE id = " .. ids[2] .. ";"

@@ -898,7 +898,9 @@ static void list_sql(const job *j, char *sql, size_t cap)
     const char *hint = "";
     if (j->status && (!strcmp(j->status, "pending") || !strcmp(j->status, "processing")))
         hint = " AND status IN ('pending','processing')";
-    else if (j->status && (!strcmp(j->status, "completed") || !strcmp(j->status, "buried")))
+    else if (j->status && !strcmp(j->status, "buried"))
+        hint = " AND status IN ('completed','buried') AND status = 'buried'";
+    else if (j->status && !strcmp(j->status, "completed"))
         hint = " AND status IN ('completed','buried')";
     else if (j->status && !strcmp(j->status, "cancelled"))
         hint = " AND status = 'cancelled'";
