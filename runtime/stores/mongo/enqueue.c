@@ -15,6 +15,7 @@ static void enq_free(enq_job *q)
     }
     free(q->items);
     free(q->ids);
+    free(q->kept);
     free(q);
 }
 
@@ -132,6 +133,19 @@ static int enq_insert(mjob *j, mongoc_collection_t *cl, bson_t **docs, const int
     return r < 0 ? -1 : 0;
 }
 
+/* FerretDB: the ready queue's entry of one delivery to insert, written before it. */
+int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_item *it,
+                 double now)
+{
+    mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
+    qbatch qb;
+    mg_qb_init(&qb, qc);
+    mg_qb_put(&qb, hex, it->topic, 0, it->run_at > 0 ? it->run_at : now + it->delay, now);
+    int r = mg_qb_run(j, &qb, 1);
+    mongoc_collection_destroy(qc);
+    return r;
+}
+
 /* FerretDB: the ready queue's entries of the deliveries to insert, written before them so
  * that a delivery never lacks one. */
 static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, double now)
@@ -149,8 +163,82 @@ static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, double n
     return r;
 }
 
+/* ---- replace by key ---- */
+#define REPLACE_ROUNDS 10
+enum { REPLACE_DONE, REPLACE_KEPT, REPLACE_GONE };
+
+/* The update of a replace: the item's payload, run_at and max_attempts; attempts from 0 (a
+ * payload that never ran is not buried for the old one's failures). */
+static bson_t *upd_replace(const mstore *s, const bson_t *cur, const rb_enqueue_item *it,
+                           double run_at)
+{
+    bson_t *u = bson_new(), set;
+    char why[200];
+    BSON_APPEND_DOCUMENT_BEGIN(u, "$set", &set);
+    /* (payload_check passed for it in mg_enq_prepare: this cannot fail) */
+    mg_payload_append(&set, it->payload, s->ferretdb, why, sizeof why);
+    BSON_APPEND_DOUBLE(&set, "run_at", run_at);
+    BSON_APPEND_INT32(&set, "max_attempts", it->max_attempts > 0 ? it->max_attempts : 25);
+    BSON_APPEND_INT32(&set, "attempts", 0);
+    BSON_APPEND_INT64(&set, "v", mg_doc_int(cur, "v") + 1);
+    bson_append_document_end(u, &set);
+    return u;
+}
+
+/* Replaces the live delivery `id` that holds the item's topic and key: when it is pending it
+ * gets the item's payload, run_at and max_attempts through the versioned write every change
+ * takes (tickets.c), so a claim beside it either won with the old document (the replace reads
+ * it again and finds it running) or reads the new one. REPLACE_DONE; REPLACE_KEPT when it is
+ * running (left as it is); REPLACE_GONE when it settled meanwhile (the key is free: insert);
+ * -1 when the store failed (j failed). */
+static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
+                       const rb_enqueue_item *it, const char *id)
+{
+    for (int round = 0; round < REPLACE_ROUNDS; round++) {
+        int ok, failed = 0;
+        bson_t *sel = mg_oid_sel(id, &ok);
+        bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;
+        bson_destroy(sel);
+        if (failed) return -1;
+        const char *st = d ? mg_doc_str(d, "status") : NULL;
+        int pending = st && !strcmp(st, "pending");
+        if (!pending) {
+            int running = st && !strcmp(st, "processing");
+            if (d) bson_destroy(d);
+            return running ? REPLACE_KEPT : REPLACE_GONE;
+        }
+        double now = mg_now(j->s);
+        double run_at = it->run_at > 0 ? it->run_at : now + it->delay;
+        if (j->s->ferret) {
+            /* an entry at its new due time first, as a kick writes one: a claim reads the head
+             * of the queue by due time, so one earlier than the old entry must be found then */
+            mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
+            qbatch qb;
+            mg_qb_init(&qb, qc);
+            mg_qb_put(&qb, id, it->topic, (int64_t)(now * 1e6), run_at, now);
+            int r = mg_qb_run(j, &qb, 1);
+            mongoc_collection_destroy(qc);
+            if (r < 0) { bson_destroy(d); return -1; }
+        }
+        cas_op op;
+        memset(&op, 0, sizeof op);
+        mg_cas_init(j->s, &op, d, "d", upd_replace(j->s, d, it, run_at));
+        int r = mg_cas_run(j, c, j->s->base.table, &op, 1, now);
+        int won = op.won;
+        mg_cas_clear(&op);
+        bson_destroy(d);
+        if (r < 0) return -1;
+        if (won) return REPLACE_DONE;
+    }
+    mg_fail(j, "enqueue: a replace lost to other writes of the delivery %d times in a row",
+            REPLACE_ROUNDS);
+    return -1;
+}
+
 /* Plain (non-transactional) enqueue: one unordered insert; dedupe conflicts resolve to the
- * holder's id, retried when the holder settled in between. */
+ * holder's id, retried when the holder settled in between. An item with replace whose key a
+ * live delivery holds (one found so, or an earlier item of the batch) replaces it instead, in
+ * the batch's order, so the last item of a key is what runs. */
 static void enq_work(mjob *j, mongoc_client_t *c)
 {
     enq_job *q = (enq_job *)j;
@@ -159,8 +247,10 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     bson_t **docs = rb_calloc(n, sizeof *docs);
     int *want = rb_calloc(n, sizeof *want), *ins = rb_calloc(n, sizeof *ins), *dup = rb_calloc(n, sizeof *dup);
+    int *replaced = rb_calloc(n, sizeof *replaced);
     q->ids = rb_calloc(n, sizeof *q->ids);
-    if (!docs || !want || !ins || !dup || !q->ids) {
+    q->kept = rb_calloc(n, sizeof *q->kept);
+    if (!docs || !want || !ins || !dup || !replaced || !q->ids || !q->kept) {
         mg_fail(j, "out of memory");
         goto out;
     }
@@ -197,6 +287,8 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             if (holder) {
                 free(q->ids[i]);
                 q->ids[i] = holder;
+                replaced[i] = q->items[i].replace;    /* replaced below, in the batch's order */
+                q->kept[i] = !q->items[i].replace;    /* a dedupe: found and left as it was */
             } else {
                 want[i] = again = 1;   /* the holder settled meanwhile: insert after all */
             }
@@ -209,13 +301,41 @@ static void enq_work(mjob *j, mongoc_client_t *c)
         if (k >= 0 && !(q->ids[i] = rb_strdup(q->ids[k]))) {
             mg_fail(j, "out of memory");
             enq_undo(cl, docs, ins, n);
-            break;
+            goto out;
+        }
+        if (k >= 0) {
+            replaced[i] = q->items[i].replace;
+            q->kept[i] = !q->items[i].replace;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!replaced[i]) continue;
+        int r = replace_one(j, c, cl, &q->items[i], q->ids[i]);
+        if (r < 0) goto out;     /* (what it replaced stays: a replace is not undone) */
+        if (r == REPLACE_KEPT) q->kept[i] = 1;
+        if (r == REPLACE_GONE) {
+            /* settled since it was found: the key is free again, as if none had been */
+            char hex[25];
+            bson_t *doc = mg_delivery_doc(q->j.s, &q->items[i], mg_now(j->s), hex);
+            int one = 1, got = 0, isdup = 0;
+            free(q->ids[i]);
+            q->ids[i] = rb_strdup(hex);
+            int bad = !q->ids[i] ||
+                      (j->s->ferret && mg_enq_entry(j, c, hex, &q->items[i], mg_now(j->s)) < 0) ||
+                      enq_insert(j, cl, &doc, &one, &got, &isdup, 1) < 0;
+            bson_destroy(doc);
+            if (!q->ids[i] && !j->err[0]) mg_fail(j, "out of memory");
+            if (bad) goto out;
+            if (isdup) {
+                mg_fail(j, "enqueue: a replace found its delivery settled and another then took the key");
+                goto out;
+            }
         }
     }
 out:
     for (size_t i = 0; docs && i < n; i++)
         if (docs[i]) bson_destroy(docs[i]);
-    free(docs); free(want); free(ins); free(dup);
+    free(docs); free(want); free(ins); free(dup); free(replaced);
     mongoc_collection_destroy(cl);
 }
 
@@ -224,7 +344,7 @@ static void enq_done(mjob *j, const char *err)
     enq_job *q = (enq_job *)j;
     if (!err && j->tx) j->tx->enqueued = 1;     /* not visible before the commit */
     else if (!err) rb_store_notify_local(&j->s->base);
-    j->cb.ids(j->ud, err, err ? NULL : q->ids, NULL, err ? 0 : q->n);
+    j->cb.ids(j->ud, err, err ? NULL : q->ids, err ? NULL : q->kept, err ? 0 : q->n);
     enq_free(q);
 }
 
@@ -249,8 +369,6 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
              * group would crowd out the heads of others: groups wait for a store that can
              * keep a group's head in the document, docs/stores.md) */
             snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
-        } else if (items[i].replace) {
-            snprintf(err, errlen, "mongodb: replace is not supported on this store yet");
         } else if (items[i].nafter) {
             snprintf(err, errlen, "mongodb: after (dependencies) is not supported on this store yet");
         } else if (!payload_check(s, payload, why, sizeof why)) {

@@ -216,6 +216,7 @@ typedef struct enq_job {
     rb_enqueue_item *items;
     size_t n;
     char **ids;
+    unsigned char *kept;        /* the items that found a running delivery and left it */
 } enq_job;
 
 /* Copies and checks the items into a job for cb/ud; NULL with `err` filled when one cannot be
@@ -227,6 +228,9 @@ bson_t *mg_delivery_doc(const mstore *s, const rb_enqueue_item *it, double now, 
 char *mg_dedupe_holder(mjob *j, mongoc_collection_t *cl, const rb_enqueue_item *it,
                        mongoc_client_session_t *cs, int *failed);
 long mg_same_key_before(const rb_enqueue_item *items, size_t i);
+/* FerretDB: the ready queue's entry of one delivery about to be inserted. -1: j failed. */
+int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_item *it,
+                 double now);
 
 /* ---- url.c ---- */
 typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;

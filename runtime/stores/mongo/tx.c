@@ -129,6 +129,13 @@ void mg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb 
         cb(ud, MG_STORE_CLOSED, NULL, NULL, 0);
         return;
     }
+    for (size_t i = 0; i < n; i++)
+        if (items[i].replace) {
+            /* (a transaction needs a replica set, where nothing here has run: docs/stores.md) */
+            cb(ud, "mongodb: replace in a transaction is not supported on this store yet",
+               NULL, NULL, 0);
+            return;
+        }
     enq_job *q = mg_enq_prepare(tx->s, items, n, tx_enq_work, cb, ud, err, sizeof err);
     if (!q) {
         cb(ud, err, NULL, NULL, 0);
