@@ -311,6 +311,10 @@ static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe)
     bson_append_document_end(u, &set);
     BSON_APPEND_DOCUMENT_BEGIN(u, "$unset", &un);
     BSON_APPEND_UTF8(&un, "settled_at", "");
+    /* a kicked one runs whatever its dependencies (deps.c): held no more */
+    BSON_APPEND_UTF8(&un, "waiting", "");
+    BSON_APPEND_UTF8(&un, "after", "");
+    BSON_APPEND_UTF8(&un, "held_run_at", "");
     bson_append_document_end(u, &un);
     return u;
 }
@@ -356,7 +360,15 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         }
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
+            char hex[25];
             if (!docs[i]) continue;
+            /* its entry again now that it is live (mg_requeue) */
+            if (ops[m].won && !del && j->s->ferret && mg_doc_oid(docs[i], hex) &&
+                mg_requeue(j, c, hex, mg_doc_str(docs[i], "topic"), kick_due(docs[i], now), now, 1) < 0) {
+                mg_cas_free(ops, k);
+                free(ops);
+                return -1;
+            }
             if (ops[m].won) won++;
             if (ops[m].won || ops[m].code != 11000) {   /* done with it, unless dedupe refused */
                 bson_destroy(docs[i]);
@@ -475,6 +487,11 @@ static int one_round(mjob *j, mongoc_client_t *c)
     if (mg_cas_run(j, c, j->s->base.table, &op, 1, now) == 0) {
         done = op.won;
         if (op.won) {
+            char self[25];
+            if (mg_doc_oid(d, self)) {      /* buried or cancelled: the ones after it (deps.c) */
+                char *gone = self;
+                mg_deps_after_settle(j, c, &gone, 1, 0);
+            }
             q->count = 1;
             const char *token = mg_doc_str(d, "lease_token");
             char hex[25];

@@ -6,6 +6,8 @@
 #include <string.h>
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
+#include "util/check.h"
+#include "util/clock.h"
 #include "util/text.h"
 
 typedef struct claim_job {
@@ -16,7 +18,19 @@ typedef struct claim_job {
     double lease;
     rb_delivery **recs;
     size_t nrecs;
+    char **buried;          /* the ids it buried out of attempts: their dependents (deps.c) */
+    size_t nburied;
 } claim_job;
+
+/* Notes a delivery this claim buried (out of attempts), for the deliveries after it. */
+static void note_buried(claim_job *q, const bson_t *d, size_t most)
+{
+    char hex[25];
+    if (!mg_doc_oid(d, hex)) return;
+    if (!q->buried && !(q->buried = rb_calloc(most ? most : 1, sizeof *q->buried))) return;
+    RB_ASSERT(q->nburied < most);
+    if ((q->buried[q->nburied] = rb_strdup(hex))) q->nburied++;
+}
 
 static void append_topics(bson_t *f, char **topics, size_t n)
 {
@@ -123,6 +137,8 @@ static void claim_scan(claim_job *q, mongoc_client_t *c)
             if (ops[i].won && !claim_exceeds(docs[i])) {
                 rb_delivery *rec = claimed_record(docs[i], tokens[i], now, q->lease);
                 if (rec) q->recs[q->nrecs++] = rec;
+            } else if (ops[i].won) {
+                note_buried(q, docs[i], n);
             }
     }
     if (ops) mg_cas_free(ops, n);
@@ -280,6 +296,7 @@ static void queue_claimed(claim_job *q, const qcand *cand, const char *token, in
 {
     if (claim_exceeds(cand->doc)) {
         mg_qb_del(qb, cand->entry);
+        note_buried(q, cand->doc, q->limit);
         return;
     }
     mg_qb_move(qb, cand->entry, 0, now);
@@ -337,9 +354,17 @@ static void claim_work(mjob *j, mongoc_client_t *c)
 {
     claim_job *q = (claim_job *)j;
     size_t npaused = 0;
+    /* the markers' sweep (deps.c), every DEPS_SWEEP_S from each process */
+    double mono = rb_monotonic();
+    pthread_mutex_lock(&j->s->mu);
+    int sweep = mono - j->s->deps_swept >= DEPS_SWEEP_S;
+    if (sweep) j->s->deps_swept = mono;
+    pthread_mutex_unlock(&j->s->mu);
+    if (sweep) mg_deps_after_settle(j, c, NULL, 0, 1);
     if (mg_split_paused(j, c, q->topics, &q->ntopics, &npaused) != 0 || !q->ntopics) return;
     if (j->s->ferret) claim_from_queue(q, c);
     else claim_scan(q, c);
+    if (!j->err[0] && q->nburied) mg_deps_after_settle(j, c, q->buried, q->nburied, 0);
 }
 
 /* MongoDB wakes no dispatcher for what falls due later: a claim says nothing of when to claim
@@ -356,6 +381,8 @@ static void claim_done(mjob *j, const char *err)
     }
     for (size_t i = 0; i < q->nasked; i++) free(q->topics[i]);
     free(q->topics);
+    for (size_t i = 0; i < q->nburied; i++) free(q->buried[i]);
+    free(q->buried);
     free(q);
 }
 

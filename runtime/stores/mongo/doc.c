@@ -126,7 +126,14 @@ rb_delivery *mg_record_from(const bson_t *d, const char *token)
     r->attempts = doc_count(d, "attempts");
     r->max_attempts = doc_count(d, "max_attempts");
     r->fence = mg_doc_int(d, "fence");
-    r->run_at = doc_time(d, "run_at");
+    bson_iter_t held;
+    /* a held delivery (deps.c) shows its own run_at, and how many it waits for */
+    if (bson_iter_init_find(&held, d, "held_run_at")) {
+        r->run_at = doc_time(d, "held_run_at");
+        r->waiting = (int)mg_doc_int(d, "waiting");
+    } else {
+        r->run_at = doc_time(d, "run_at");
+    }
     r->created_at = doc_time(d, "created_at");
     r->lease_expires_at = doc_time(d, "lease_expires_at");
     return r;

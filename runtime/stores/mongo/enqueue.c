@@ -11,6 +11,9 @@ static void enq_free(enq_job *q)
         free((char *)q->items[i].topic);
         free((char *)q->items[i].payload);
         free((char *)q->items[i].key);
+        for (size_t k = 0; q->items[i].after && k < q->items[i].nafter; k++)
+            free((char *)q->items[i].after[k]);
+        free((void *)q->items[i].after);
         if (q->ids) free(q->ids[i]);
     }
     free(q->items);
@@ -148,7 +151,8 @@ int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_
 
 /* FerretDB: the ready queue's entries of the deliveries to insert, written before them so
  * that a delivery never lacks one. */
-static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, double now)
+static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, const int *holds,
+                       double now)
 {
     mongoc_collection_t *qc = mg_coll(q->j.s, c, q->j.s->queue);
     qbatch qb;
@@ -156,7 +160,10 @@ static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, double n
     for (size_t i = 0; i < q->n; i++)
         if (want[i]) {
             const rb_enqueue_item *it = &q->items[i];
-            mg_qb_put(&qb, q->ids[i], it->topic, 0, it->run_at > 0 ? it->run_at : now + it->delay, now);
+            /* a held one's entry waits at the end: its release writes one at its time */
+            double at = holds[i] == 1 ? MG_HELD_RUN_AT
+                                      : it->run_at > 0 ? it->run_at : now + it->delay;
+            mg_qb_put(&qb, q->ids[i], it->topic, 0, at, now);
         }
     int r = mg_qb_run(&q->j, &qb, 1);
     mongoc_collection_destroy(qc);
@@ -209,16 +216,10 @@ static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
         }
         double now = mg_now(j->s);
         double run_at = it->run_at > 0 ? it->run_at : now + it->delay;
-        if (j->s->ferret) {
-            /* an entry at its new due time first, as a kick writes one: a claim reads the head
-             * of the queue by due time, so one earlier than the old entry must be found then */
-            mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
-            qbatch qb;
-            mg_qb_init(&qb, qc);
-            mg_qb_put(&qb, id, it->topic, (int64_t)(now * 1e6), run_at, now);
-            int r = mg_qb_run(j, &qb, 1);
-            mongoc_collection_destroy(qc);
-            if (r < 0) { bson_destroy(d); return -1; }
+        /* (an entry at its new due time: one earlier than the old entry's must be found) */
+        if (j->s->ferret && mg_requeue(j, c, id, it->topic, run_at, now, 0) < 0) {
+            bson_destroy(d);
+            return -1;
         }
         cas_op op;
         memset(&op, 0, sizeof op);
@@ -227,12 +228,147 @@ static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
         int won = op.won;
         mg_cas_clear(&op);
         bson_destroy(d);
+        if (r == 0 && won && j->s->ferret) r = mg_requeue(j, c, id, it->topic, run_at, now, 1);
         if (r < 0) return -1;
         if (won) return REPLACE_DONE;
     }
     mg_fail(j, "enqueue: a replace lost to other writes of the delivery %d times in a row",
             REPLACE_ROUNDS);
     return -1;
+}
+
+/* ---- dependencies (deps.c has the rest) ---- */
+/* An id as an error message may quote it: as it is when it could be one (letters and digits,
+ * not too long), else a stand-in, so no id can break the line or carry bad bytes. */
+static const char *quotable_id(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > 64) return "(not an id)";
+    for (size_t i = 0; i < n; i++)
+        if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'z') ||
+              (id[i] >= 'A' && id[i] <= 'Z') || id[i] == '-'))
+            return "(not an id)";
+    return id;
+}
+
+/* What an item's dependencies make of its document. */
+typedef struct held {
+    int kind;                   /* 0: none live (due as usual), 1: held, 2: cancelled */
+    char why[120];              /* cancelled: the reason */
+    char **live;                /* held: the live dependencies' ids (owned) */
+    size_t nlive;
+    int depth;                  /* held: its place in a chain */
+} held;
+
+static void held_clear(held *h)
+{
+    for (size_t i = 0; i < h->nlive; i++) free(h->live[i]);
+    free(h->live);
+    memset(h, 0, sizeof *h);
+}
+
+/* Reads the item's dependencies: every one must be a delivery (the ones given twice count
+ * once); a buried or cancelled one cancels it, live ones hold it. -1: j failed (an id that is
+ * no delivery, a chain too deep, the store). */
+static int deps_resolve(mjob *j, mongoc_collection_t *cl, const rb_enqueue_item *it, held *h)
+{
+    memset(h, 0, sizeof *h);
+    size_t n = 0;
+    char **ids = rb_calloc(it->nafter, sizeof *ids);
+    bson_t **deps = rb_calloc(it->nafter, sizeof *deps);
+    int r = ids && deps ? 0 : -1;
+    if (r < 0) mg_fail(j, MG_OOM);
+    for (size_t k = 0; r == 0 && k < it->nafter; k++) {
+        bson_oid_t oid;
+        const char *id = it->after[k];
+        if (!mg_parse_oid(id, &oid)) {
+            mg_fail(j, "enqueue: after: no delivery %s", quotable_id(id));
+            r = -1;
+            break;
+        }
+        char hex[25];
+        bson_oid_to_string(&oid, hex);      /* as the store writes ids: lower-case */
+        int seen = 0;
+        for (size_t m = 0; m < n && !seen; m++) seen = !strcmp(ids[m], hex);
+        if (!seen && !(ids[n++] = rb_strdup(hex))) { mg_fail(j, MG_OOM); r = -1; }
+    }
+    if (r == 0) r = mg_read_by_ids(j, cl, ids, n, deps);
+    for (size_t k = 0; r == 0 && k < n; k++)
+        if (!deps[k]) {
+            mg_fail(j, "enqueue: after: no delivery %s", ids[k]);
+            r = -1;
+        }
+    if (r == 0 && (h->live = rb_calloc(n ? n : 1, sizeof *h->live)) == NULL) {
+        mg_fail(j, MG_OOM);
+        r = -1;
+    }
+    for (size_t k = 0; r == 0 && k < n && h->kind != 2; k++) {
+        const char *st = mg_doc_str(deps[k], "status");
+        if (st && (!strcmp(st, "buried") || !strcmp(st, "cancelled"))) {
+            h->kind = 2;
+            snprintf(h->why, sizeof h->why, "dependency %s was %s", ids[k], st);
+        } else if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) {
+            int d = (int)mg_doc_int(deps[k], "after_depth") + 1;
+            if (d > h->depth) h->depth = d;
+            h->live[h->nlive++] = ids[k];
+            ids[k] = NULL;
+            h->kind = 1;
+        }
+    }
+    if (r == 0 && h->kind == 1 && h->depth > RB_AFTER_DEPTH_MAX) {
+        mg_fail(j, "enqueue: after: a chain of more than %d dependencies", RB_AFTER_DEPTH_MAX);
+        r = -1;
+    }
+    for (size_t k = 0; k < n; k++) {
+        free(ids[k]);
+        if (deps[k]) bson_destroy(deps[k]);
+    }
+    free(ids);
+    free(deps);
+    if (r < 0) held_clear(h);
+    return r;
+}
+
+/* The document d as its dependencies make it: held (run_at never due, its own kept) or
+ * cancelled with the reason (not live: no dedupe). Replaces *d. */
+static int doc_with_deps(bson_t **d, const held *h, double now)
+{
+    static const char *const replaced_fields[] = {"status", "run_at", "dedupe", NULL};
+    bson_t *n = bson_new();
+    bson_iter_t it;
+    double run_at = mg_doc_num(*d, "run_at");
+    bson_iter_init(&it, *d);
+    while (bson_iter_next(&it)) {
+        int skip = 0;
+        for (int f = 0; replaced_fields[f] && !skip; f++)
+            skip = !strcmp(bson_iter_key(&it), replaced_fields[f]);
+        if (!skip) bson_append_iter(n, NULL, 0, &it);
+    }
+    if (h->kind == 2) {
+        BSON_APPEND_UTF8(n, "status", "cancelled");
+        BSON_APPEND_DOUBLE(n, "run_at", run_at);
+        BSON_APPEND_DOUBLE(n, "settled_at", now);
+        BSON_APPEND_UTF8(n, "last_error", h->why);
+    } else {
+        bson_t arr;
+        BSON_APPEND_UTF8(n, "status", "pending");
+        BSON_APPEND_DOUBLE(n, "run_at", MG_HELD_RUN_AT);
+        BSON_APPEND_DOUBLE(n, "held_run_at", run_at);
+        BSON_APPEND_INT32(n, "waiting", (int32_t)h->nlive);
+        BSON_APPEND_INT32(n, "after_depth", h->depth);
+        BSON_APPEND_ARRAY_BEGIN(n, "after", &arr);
+        for (size_t k = 0; k < h->nlive; k++) {
+            char key[24];
+            snprintf(key, sizeof key, "%zu", k);
+            BSON_APPEND_UTF8(&arr, key, h->live[k]);
+        }
+        bson_append_array_end(n, &arr);
+        bson_iter_t dd;
+        if (bson_iter_init_find(&dd, *d, "dedupe")) bson_append_iter(n, NULL, 0, &dd);
+    }
+    bson_destroy(*d);
+    *d = n;
+    return 1;
 }
 
 /* Plain (non-transactional) enqueue: one unordered insert; dedupe conflicts resolve to the
@@ -247,10 +383,10 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     bson_t **docs = rb_calloc(n, sizeof *docs);
     int *want = rb_calloc(n, sizeof *want), *ins = rb_calloc(n, sizeof *ins), *dup = rb_calloc(n, sizeof *dup);
-    int *replaced = rb_calloc(n, sizeof *replaced);
+    int *replaced = rb_calloc(n, sizeof *replaced), *holds = rb_calloc(n, sizeof *holds);
     q->ids = rb_calloc(n, sizeof *q->ids);
     q->kept = rb_calloc(n, sizeof *q->kept);
-    if (!docs || !want || !ins || !dup || !replaced || !q->ids || !q->kept) {
+    if (!docs || !want || !ins || !dup || !replaced || !holds || !q->ids || !q->kept) {
         mg_fail(j, "out of memory");
         goto out;
     }
@@ -263,8 +399,18 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             mg_fail(j, "out of memory");
             goto out;
         }
+        if (q->items[i].nafter) {
+            held h;
+            if (deps_resolve(j, cl, &q->items[i], &h) < 0) goto out;
+            holds[i] = h.kind;
+            if (h.kind) doc_with_deps(&docs[i], &h, now);
+            /* the markers before the delivery (deps.c) */
+            int r = h.kind == 1 ? mg_deps_mark(j, c, h.live, h.nlive, now) : 0;
+            held_clear(&h);
+            if (r < 0) goto out;
+        }
     }
-    if (j->s->ferret && enq_entries(q, c, want, now) < 0) goto out;
+    if (j->s->ferret && enq_entries(q, c, want, holds, now) < 0) goto out;
     for (int round = 0; round < 5; round++) {
         int *got = rb_calloc(n, sizeof *got);
         if (!got || enq_insert(j, cl, docs, want, got, dup, n) < 0) {
@@ -332,10 +478,14 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             }
         }
     }
+    /* what it held, looked at again now that it is in: a dependency that settled meanwhile
+     * may have looked for it before it was there (deps.c) */
+    for (size_t i = 0; i < n; i++)
+        if (holds[i] == 1 && ins[i] && mg_deps_eval(j, c, &q->ids[i], 1) < 0) goto out;
 out:
     for (size_t i = 0; docs && i < n; i++)
         if (docs[i]) bson_destroy(docs[i]);
-    free(docs); free(want); free(ins); free(dup); free(replaced);
+    free(docs); free(want); free(ins); free(dup); free(replaced); free(holds);
     mongoc_collection_destroy(cl);
 }
 
@@ -369,8 +519,6 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
              * group would crowd out the heads of others: groups wait for a store that can
              * keep a group's head in the document, docs/stores.md) */
             snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
-        } else if (items[i].nafter) {
-            snprintf(err, errlen, "mongodb: after (dependencies) is not supported on this store yet");
         } else if (!payload_check(s, payload, why, sizeof why)) {
             snprintf(err, errlen, "mongodb: payload cannot be stored: %s", why);
             mg_one_line(err, errlen);
@@ -379,7 +527,18 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
             q->items[i].topic = rb_strdup(items[i].topic);
             q->items[i].payload = rb_strdup(payload);
             q->items[i].key = mg_dupstr(items[i].key);
-            if (q->items[i].topic && q->items[i].payload && (q->items[i].key || !items[i].key))
+            q->items[i].after = NULL;
+            q->items[i].nafter = 0;
+            int after_ok = 1;
+            if (items[i].nafter) {
+                const char **a = rb_calloc(items[i].nafter, sizeof *a);
+                q->items[i].after = a;
+                after_ok = a != NULL;
+                for (size_t k = 0; a && k < items[i].nafter; k++, q->items[i].nafter++)
+                    if (!(a[k] = rb_strdup(items[i].after[k]))) { after_ok = 0; break; }
+            }
+            if (q->items[i].topic && q->items[i].payload && (q->items[i].key || !items[i].key) &&
+                after_ok)
                 continue;
             snprintf(err, errlen, MG_OOM);
             i++;                /* its copies are freed with the others */

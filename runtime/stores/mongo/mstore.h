@@ -18,6 +18,7 @@
  *   readyq.c    the ready queue (FerretDB): the entries claims read instead of a search
  *   topics.c    what operators set per topic: pause and resume, and what claims skip
  *   schedules.c durable schedules: made, listed, and their ticks fired
+ *   deps.c      dependencies (after): held deliveries, released or cancelled as theirs settle
  *   enqueue.c, claim.c, settle.c, lease.c (named leases), tx.c (transactions, replica sets),
  *   admin.c (get, list, stats, kick, purge): the operations
  *   schema.c    migrate's collections and indexes, and the check without migrate
@@ -87,6 +88,8 @@ struct mstore {
     mongoc_uri_t *uri;
     mongoc_client_pool_t *pool;
     char *db, *leases, *tickets, *queue, *topics, *schedules;
+    char *deps;                 /* markers of dependencies (deps.c) */
+    double deps_swept;          /* monotonic s of the last sweep of them (mu) */
     int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
     int ferretdb;               /* the server is FerretDB, whatever the dialect */
     int replset;                /* transactions possible */
@@ -209,6 +212,12 @@ void mg_qb_del(qbatch *b, const bson_t *entry);
 void mg_qb_move(qbatch *b, const bson_t *entry, double at, double now);
 int mg_qb_run(mjob *j, qbatch *b, int report);
 int mg_queue_backfill(mstore *s, mongoc_client_t *c, char *err, size_t errlen);
+/* A delivery whose due time a write moves (a kick, a replace, a release of a held one) gets an
+ * entry at `at` before the write (after 0: so it never lacks one) and another after it (after
+ * 1): a claim that read the first entry before the write landed saw the old document and
+ * moved that entry to the old due time, or dropped it (a buried one). -1: j failed. */
+int mg_requeue(mjob *j, mongoc_client_t *c, const char *hex, const char *topic, double at,
+               double now, int after);
 
 /* ---- enqueue.c (tx.c enqueues too) ---- */
 typedef struct enq_job {
@@ -231,6 +240,28 @@ long mg_same_key_before(const rb_enqueue_item *items, size_t i);
 /* FerretDB: the ready queue's entry of one delivery about to be inserted. -1: j failed. */
 int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_item *it,
                  double now);
+
+/* ---- deps.c ---- */
+#define MG_HELD_RUN_AT 1e300        /* a held delivery's run_at: never due (its own: held_run_at) */
+#define DEPS_SWEEP_S 5.0            /* each process's claims look at the markers this often */
+#define DEPS_SWEEP_MAX 500          /* markers per sweep */
+#define DEPS_MARKER_KEEP_S 60.0     /* a marker outlives its dependency's settle this long */
+/* The documents of ids[0..n) (the store's hex ids) into out[i], NULL where missing. -1: j
+ * failed. */
+int mg_read_by_ids(mjob *j, mongoc_collection_t *cl, char *const *ids, size_t n, bson_t **out);
+/* Marks ids[0..n) as dependencies with deliveries after them (before those are inserted). */
+int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double now);
+/* The held deliveries ids[0..n) evaluated now: released, cancelled (and those after them in
+ * turn), or their count of live dependencies updated. */
+int mg_deps_eval(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
+/* ids[0..n) settled (completed, buried, cancelled): the deliveries after those with markers
+ * evaluated. Every writer that settles a delivery calls it after its write. */
+int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
+/* The sweep of the markers (claims run it every DEPS_SWEEP_S). */
+int mg_deps_sweep(mjob *j, mongoc_client_t *c);
+/* mg_deps_settled (or with sweep, mg_deps_sweep) for a write that has succeeded already: a
+ * failure is logged and left to the next sweep, and j's outcome stays what it was. */
+void mg_deps_after_settle(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, int sweep);
 
 /* ---- url.c ---- */
 typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;

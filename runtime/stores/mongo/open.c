@@ -21,6 +21,7 @@ static void store_free(mstore *s)
     free(s->leases);
     free(s->topics);
     free(s->schedules);
+    free(s->deps);
     free(s->tickets);
     free(s->queue);
     rb_store_release_dispatch(&s->base);
@@ -82,11 +83,18 @@ static int probe(mstore *s, mongoc_client_t *c, const char *uri, char *err, size
     s->replset = bson_iter_init_find(&it, &reply, "setName") || (msg && strcmp(msg, "isdbgrid") == 0);
     bson_destroy(&reply);
     BSON_APPEND_INT32(&cmd, "buildInfo", 1);
-    if (mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e))
+    int ferretdb2 = 0;
+    if (mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e)) {
         s->ferretdb = bson_iter_init_find(&it, &reply, "ferretdbVersion");
+        /* FerretDB 2 (on DocumentDB) answers {ferretdb: {version: ...}} instead. Its updates
+         * are atomic there, so it takes the mongodb dialect; but it has no multi-document
+         * transactions (no commitTransaction, and the writes of a failed one stay), whatever
+         * replica set its hello names: transactions are refused as on FerretDB 1. */
+        ferretdb2 = !s->ferretdb && bson_iter_init_find(&it, &reply, "ferretdb");
+    }
     bson_destroy(&reply);
     bson_destroy(&cmd);
-    if (s->ferretdb) s->replset = 0;
+    if (s->ferretdb || ferretdb2) s->replset = 0;
     return 1;
 }
 
@@ -140,10 +148,11 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     s->queue = rb_malloc(n);
     s->topics = rb_malloc(n);
     s->schedules = rb_malloc(n);
+    s->deps = rb_malloc(n);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->busy_mu, NULL);
     pthread_cond_init(&s->busy_cv, NULL);
-    if (!s->base.table || !s->leases || !s->tickets || !s->queue || !s->topics || !s->schedules ||
+    if (!s->base.table || !s->leases || !s->tickets || !s->queue || !s->topics || !s->schedules || !s->deps ||
         rb_hmap_reserve(&s->busy, 1024) != 0) {
         store_free(s);
         return NULL;
@@ -153,6 +162,7 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     snprintf(s->queue, n, "%s_queue", table);
     snprintf(s->topics, n, "%s_topics", table);
     snprintf(s->schedules, n, "%s_schedules", table);
+    snprintf(s->deps, n, "%s_deps", table);
     s->clock_checked = rb_monotonic();
     s->clock_offset = rb_wall_time() - rb_monotonic();   /* until the server tells its time */
     return s;

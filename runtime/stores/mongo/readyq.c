@@ -199,3 +199,17 @@ int mg_queue_backfill(mstore *s, mongoc_client_t *c, char *err, size_t errlen)
     mongoc_database_destroy(d);
     return ok;
 }
+
+int mg_requeue(mjob *j, mongoc_client_t *c, const char *hex, const char *topic, double at,
+               double now, int after)
+{
+    mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
+    qbatch qb;
+    mg_qb_init(&qb, qc);
+    /* generations: the time in microseconds, counted on by one by claims; the entry after
+     * the write gets one of its own above them */
+    mg_qb_put(&qb, hex, topic, (int64_t)(now * 1e6) + (after ? 1000 : 0), at, now);
+    int r = mg_qb_run(j, &qb, 1);
+    mongoc_collection_destroy(qc);
+    return r;
+}

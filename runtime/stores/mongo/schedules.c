@@ -1,15 +1,17 @@
 /* schedules.c -- durable schedules (store.h, rb_schedule), kept in <table>_schedules: one
  * document per schedule, _id its name, next_at and fired_at in epoch s.
  *
- * A tick is fired in two writes, without a transaction (the servers this store runs on have
- * none to give): once the schedule is seen to be as the dispatcher read it, the tick's
- * delivery is enqueued, under its dedupe key, then next_at moves on while it is still the
- * tick's. Dispatchers racing for one tick enqueue it once (the
- * second enqueue finds the first's live delivery by its key); a process that dies between the
- * two writes leaves next_at as it was, and the next dispatcher fires the tick again, which its
- * key dedupes while the first delivery is live, and moves next_at on. So
- * no tick is lost; one is enqueued twice only when a dispatcher stalled between its check
- * and its enqueue for longer than the tick's whole run took elsewhere. */
+ * A tick is fired without a transaction (the servers this store runs on have none to give):
+ * once the schedule is seen to be as the dispatcher read it, the dispatcher takes the tick's
+ * ticket ("tick:<name>:<due>" in <table>_tickets: only one can), enqueues its delivery under
+ * its dedupe key, then moves next_at on while it is still the tick's. Dispatchers racing for
+ * one tick fire it once: the others lose the ticket. (Without it, the key alone deduped
+ * only while the first delivery was live: on DocumentDB a tick ran to its end between the
+ * two dispatchers' enqueues, and fired twice.) A process that dies after it took the ticket
+ * leaves next_at as it was; 60 s later the next dispatcher passes the ticket and fires the
+ * tick, which its key dedupes if the first delivery is live. So no tick is lost, and one is
+ * enqueued twice only when a dispatcher stalled for over 60 s between its ticket and its
+ * move of next_at, and the tick's first run ended meanwhile. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +276,42 @@ static void on_tick_enqueued(void *ud, const char *err, char **ids, const unsign
     mg_submit(q->j.s, &q->j);
 }
 
+/* Of the dispatchers that found a tick due, the one that inserts its ticket (tickets.c: an
+ * insert with a unique _id, which only one can) fires it; a ticket 60 s old whose tick is
+ * still due (its holder died before next_at moved) is passed, as a write's is. 1: fire. */
+static int take_tick(mjob *j, mongoc_client_t *c, sched_job *q)
+{
+    size_t n = strlen(q->name) + 64;
+    char *id = rb_malloc(n), *owner = rb_malloc(n);
+    if (!id || !owner) {
+        free(id); free(owner);
+        mg_fail(j, MG_OOM);
+        return 0;
+    }
+    snprintf(owner, n, "tick:%s", q->name);
+    snprintf(id, n, "tick:%s:%.17g", q->name, q->due);
+    double now = mg_now(j->s);
+    mongoc_collection_t *tk = mg_coll(j->s, c, j->s->tickets);
+    bson_t *t = BCON_NEW("_id", BCON_UTF8(id), "d", BCON_UTF8(owner), "at", BCON_DOUBLE(now));
+    bson_error_t e;
+    int fire = mongoc_collection_insert_one(tk, t, NULL, NULL, &e);
+    if (!fire && e.code == 11000) {
+        bson_t *sel = BCON_NEW("_id", BCON_UTF8(id));
+        int failed = 0;
+        bson_t *held = mg_find_one(j, tk, sel, NULL, &failed);
+        fire = held && mg_doc_num(held, "at") < now - STALE_TICKET_S;
+        if (held) bson_destroy(held);
+        bson_destroy(sel);
+    } else if (!fire) {
+        mg_fail_bson(j, "schedule fire: ticket", &e);
+    }
+    bson_destroy(t);
+    mongoc_collection_destroy(tk);
+    free(id);
+    free(owner);
+    return fire;
+}
+
 /* The schedule as the dispatcher read it (its next_at the tick's, its topic and payload)? */
 static void check_work(mjob *j, mongoc_client_t *c)
 {
@@ -287,6 +325,7 @@ static void check_work(mjob *j, mongoc_client_t *c)
     if (doc) bson_destroy(doc);
     bson_destroy(sel);
     mongoc_collection_destroy(cl);
+    if (q->count) q->count = take_tick(j, c, q);
 }
 
 /* Still due: the enqueue, then the move of next_at (advance_work); else nothing to fire. */

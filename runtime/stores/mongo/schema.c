@@ -42,6 +42,12 @@ int mg_migrate(mstore *s, mongoc_client_t *c, char *err, size_t errlen)
                                               "name", BCON_UTF8("status_settled_at")), err, errlen) &&
            create_index(c, s->db, s->tickets, BCON_NEW("key", "{", "at", BCON_INT32(1), "}",
                                                        "name", BCON_UTF8("at")), err, errlen) &&
+           /* the held deliveries by the dependencies they wait for (deps.c); not required
+            * by the check below, so a collection made before it still opens (its settles of
+            * dependencies then scan) */
+           create_index(c, s->db, t, BCON_NEW("key", "{", "after", BCON_INT32(1), "}",
+                                              "name", BCON_UTF8("after"),
+                                              "sparse", BCON_BOOL(true)), err, errlen) &&
            (!s->ferret || mg_queue_backfill(s, c, err, errlen));
 }
 

@@ -80,9 +80,18 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
         mg_qb_run(j, &qb, 0);
         mongoc_collection_destroy(qc);
     }
+    /* settled for good: the deliveries after them (deps.c) */
+    char **gone = r == 0 ? rb_calloc(k ? k : 1, sizeof *gone) : NULL;
+    size_t ngone = 0;
+    for (size_t i = 0; gone && i < k; i++)
+        if (cas[i].won && (mine[i]->kind == RB_OP_COMPLETE || mine[i]->kind == RB_OP_BURY))
+            gone[ngone++] = (char *)mine[i]->id;
+
     for (size_t i = 0; r < 0 && i < k; i++) mg_vc_drop(j->s, mine[i]->id);
     mg_busy_give(j->s, held, m);     /* last: the version cache is up to date now */
     free(held);
+    if (ngone) mg_deps_after_settle(j, c, gone, ngone, 0);
+    free(gone);
     if (cas) mg_cas_free(cas, k);
     free(mine);
     free(att);

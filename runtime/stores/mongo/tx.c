@@ -130,9 +130,11 @@ void mg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb 
         return;
     }
     for (size_t i = 0; i < n; i++)
-        if (items[i].replace) {
+        if (items[i].replace || items[i].nafter) {
             /* (a transaction needs a replica set, where nothing here has run: docs/stores.md) */
-            cb(ud, "mongodb: replace in a transaction is not supported on this store yet",
+            cb(ud, items[i].replace
+                       ? "mongodb: replace in a transaction is not supported on this store yet"
+                       : "mongodb: after in a transaction is not supported on this store yet",
                NULL, NULL, 0);
             return;
         }
