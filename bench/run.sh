@@ -17,12 +17,13 @@
 #      table of 10,000,000 settled and 1,000,000 future rows beside an empty one
 #      (bench/huge_table.lua); 10 minutes of 3,000/s sustained load with 2 worker processes,
 #      per minute (bench/sustained.lua, chart in bench/out/ with gnuplot).
-#   3. MongoDB (RELAYBUS_BENCH_MONGO=URL, else FerretDB from scripts/mongo-test-server.sh): drain.
+#   3. MongoDB (RELAYBUS_BENCH_MONGO=URL, else FerretDB from scripts/mongo-test-server.sh): drain,
+#      and Agenda 5 draining on the same server (bench/agenda_drain.js).
 #   4. HTTP: 10,000 webhook deliveries to build/http_receiver at concurrency 256, and VmRSS.
 # Servers this script starts it also stops. Everything runs in sequence (the machine is small).
 # Environment: RELAYBUS_BENCH_PG, RELAYBUS_BENCH_MONGO (use these servers), RELAYBUS_BENCH_SKIP
 # (space-separated parts to skip: sqlite json hosts pg graphile river processes idle priority
-# ceiling latency purge huge sustained mongo http), RELAYBUS_BENCH_SUSTAINED (seconds, 600),
+# ceiling latency purge huge sustained mongo agenda http), RELAYBUS_BENCH_SUSTAINED (seconds, 600),
 # RELAYBUS_BENCH_GW_DIR (graphile-worker's npm cache, default ~/.cache/relaybus/gw).
 set -uo pipefail
 
@@ -404,6 +405,36 @@ else
     if [ -n "$MONGO_DIR" ]; then ML="mongodb (FerretDB)"; else ML=mongodb; fi
     section "MongoDB ($MONGO_URL)"
     bench 660 bench/drain.lua "$MONGO_URL" 50000 64 "$ML" 600
+    MDRAIN=$(rate_of "deliveries in")
+    # Agenda 5 (Node.js) on the same server, same run: 2,000 no-op jobs (it runs tens a second
+    # on FerretDB: 50,000 would take most of an hour), bench/agenda_drain.js.
+    if ! skipped agenda; then
+        AG_DIR=${RELAYBUS_BENCH_AGENDA_DIR:-$HOME/.cache/relaybus/agenda}
+        if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+            note "NOTE: Agenda skipped: node/npm not found"
+        else
+            mkdir -p "$AG_DIR"
+            if [ ! -d "$AG_DIR/node_modules/agenda" ]; then
+                echo "installing agenda@5 into $AG_DIR (once)"
+                (cd "$AG_DIR" && { [ -f package.json ] || npm init -y >/dev/null; } &&
+                    npm install --no-audit --no-fund --loglevel=error agenda@5 >/dev/null) ||
+                    note "NOTE: npm install of agenda@5 failed"
+            fi
+            if [ -d "$AG_DIR/node_modules/agenda" ]; then
+                cp bench/agenda_drain.js "$AG_DIR/"
+                (cd "$AG_DIR" && MONGO_URL="$MONGO_URL" N=2000 C=64 timeout -k 10 660 \
+                    node agenda_drain.js >"$WORK/agenda.log" 2>&1)
+                AG_LINE=$(grep -o 'agenda [0-9]* jobs in [0-9.]* s = [0-9]* jobs/s' "$WORK/agenda.log" | tail -n 1)
+                if [ -n "$AG_LINE" ]; then
+                    AG_RATE=$(sed -n 's/.*= \([0-9]*\) jobs\/s/\1/p' <<<"$AG_LINE")
+                    note "mongodb peer: $AG_LINE (Agenda 5, processEvery 100 ms, concurrency 64; node $(node --version))"
+                    note "mongodb ratio: relaybus ${MDRAIN}/s / Agenda ${AG_RATE}/s = $(ratio "$MDRAIN" "$AG_RATE")x"
+                else
+                    note "NOTE: Agenda gave no result: $(tail -n 3 "$WORK/agenda.log" | tr '\n' ' ')"
+                fi
+            fi
+        fi
+    fi
 fi
 
 # ---- 4. HTTP ----------------------------------------------------------------------------------
