@@ -39,10 +39,8 @@ int mg_read_by_ids(mjob *j, mongoc_collection_t *cl, char *const *ids, size_t n,
     if (!n) return 0;
     if (j->s->ferretdb) {
         for (size_t i = 0; i < n; i++) {
-            int ok, failed = 0;
-            bson_t *sel = mg_oid_sel(ids[i], &ok);
-            out[i] = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;
-            bson_destroy(sel);
+            int failed;
+            out[i] = mg_find_by_id(j, cl, ids[i], &failed);
             if (failed) return -1;
         }
         return 0;
@@ -177,10 +175,8 @@ static bson_t *upd_held(const bson_t *cur, const char *why, size_t live, char *c
 static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const char *id)
 {
     for (int round = 0; round < EVAL_ROUNDS; round++) {
-        int ok, failed = 0;
-        bson_t *sel = mg_oid_sel(id, &ok);
-        bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;
-        bson_destroy(sel);
+        int failed;
+        bson_t *d = mg_find_by_id(j, cl, id, &failed);
         if (failed) return -1;
         const char *st = d ? mg_doc_str(d, "status") : NULL;
         bson_iter_t it;

@@ -273,6 +273,16 @@ bson_t *mg_find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
     return d;
 }
 
+bson_t *mg_find_by_id(mjob *j, mongoc_collection_t *cl, const char *id, int *failed)
+{
+    int ok;
+    *failed = 0;
+    bson_t *sel = mg_oid_sel(id, &ok);
+    bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, failed) : NULL;
+    bson_destroy(sel);
+    return d;
+}
+
 bson_t *mg_oid_sel(const char *id, int *ok)
 {
     bson_oid_t oid;

@@ -202,10 +202,8 @@ static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
                        const rb_enqueue_item *it, const char *id)
 {
     for (int round = 0; round < REPLACE_ROUNDS; round++) {
-        int ok, failed = 0;
-        bson_t *sel = mg_oid_sel(id, &ok);
-        bson_t *d = ok ? mg_find_one(j, cl, sel, NULL, &failed) : NULL;
-        bson_destroy(sel);
+        int failed;
+        bson_t *d = mg_find_by_id(j, cl, id, &failed);
         if (failed) return -1;
         const char *st = d ? mg_doc_str(d, "status") : NULL;
         int pending = st && !strcmp(st, "pending");

@@ -151,6 +151,8 @@ int mg_find_docs(mjob *j, mongoc_collection_t *cl, const bson_t *filter, const b
 void mg_docs_free(bson_t **v, size_t n);
 bson_t *mg_find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
                     mongoc_client_session_t *cs, int *failed);
+/* The delivery of id (the store's hex form), or NULL: none, or *failed. */
+bson_t *mg_find_by_id(mjob *j, mongoc_collection_t *cl, const char *id, int *failed);
 void mg_append_range(bson_t *b, const char *field, const char *op, double v);
 void mg_append_due(bson_t *f, double now);
 bson_t *mg_upd_leave(const bson_t *cur, const char *status, double now);
