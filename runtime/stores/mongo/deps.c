@@ -27,6 +27,7 @@
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
 #include "util/check.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #define EVAL_ROUNDS 10          /* versioned writes lost in a row before giving up on one */
@@ -308,9 +309,22 @@ static int any_marker(mjob *j, mongoc_collection_t *mk)
 int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n)
 {
     if (!n) return 0;
+    /* A store with no marker at all stays so for a while: settles then skip the look for
+     * DEPS_NONE_KEEP_S (a marker another process writes meanwhile is found by the sweep;
+     * this process's own markers end the while at once, mg_deps_mark). */
+    double mono = rb_monotonic();
+    pthread_mutex_lock(&j->s->mu);
+    int skip = j->s->deps_none_at > 0 && mono - j->s->deps_none_at < DEPS_NONE_KEEP_S;
+    pthread_mutex_unlock(&j->s->mu);
+    if (skip) return 0;
     mongoc_collection_t *mk = mg_coll(j->s, c, j->s->deps);
     int any = any_marker(j, mk);
     if (any <= 0) {
+        if (any == 0) {
+            pthread_mutex_lock(&j->s->mu);
+            j->s->deps_none_at = mono;
+            pthread_mutex_unlock(&j->s->mu);
+        }
         mongoc_collection_destroy(mk);
         return any;
     }
@@ -341,6 +355,9 @@ int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n)
 int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double now)
 {
     if (!n) return 0;
+    pthread_mutex_lock(&j->s->mu);
+    j->s->deps_none_at = 0;         /* there are markers now: settles look again */
+    pthread_mutex_unlock(&j->s->mu);
     mongoc_collection_t *mk = mg_coll(j->s, c, j->s->deps);
     int r = 0;
     for (size_t i = 0; r == 0 && i < n; i++) {

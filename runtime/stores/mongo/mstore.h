@@ -90,6 +90,7 @@ struct mstore {
     char *db, *leases, *tickets, *queue, *topics, *schedules;
     char *deps;                 /* markers of dependencies (deps.c) */
     double deps_swept;          /* monotonic s of the last sweep of them (mu) */
+    double deps_none_at;        /* monotonic s when a look found no marker at all (mu) */
     int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
     int ferretdb;               /* the server is FerretDB, whatever the dialect */
     int replset;                /* transactions possible */
@@ -248,6 +249,7 @@ int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_
 #define DEPS_SWEEP_S 5.0            /* each process's claims look at the markers this often */
 #define DEPS_SWEEP_MAX 500          /* markers per sweep */
 #define DEPS_MARKER_KEEP_S 60.0     /* a marker outlives its dependency's settle this long */
+#define DEPS_NONE_KEEP_S 1.0        /* "no marker at all" is believed this long (deps.c) */
 /* The documents of ids[0..n) (the store's hex ids) into out[i], NULL where missing. -1: j
  * failed. */
 int mg_read_by_ids(mjob *j, mongoc_collection_t *cl, char *const *ids, size_t n, bson_t **out);
