@@ -1496,6 +1496,26 @@ for _, entry in ipairs(S.list { dialects = true }) do
         return order
       end
 
+      -- (found by attack: a replace of a held delivery's key made it due at once, before its
+      -- dependency, on SQLite and MongoDB)
+      it("a replace of a held delivery's key keeps it held: its new payload runs after its dependency", function()
+        local a = assert(store:enqueue("dp.rp", { n = 1 }, { delay = 3600 }))
+        local held = assert(store:enqueue("dp.rp", { n = 2 }, { key = "k", after = { a } }))
+        local again, made = store:enqueue("dp.rp", { n = 3 }, { key = "k", replace = true })
+        assert.equal(held, again)
+        assert.is_true(made)
+        local r = expect(store, held, { status = "pending", waiting = 1 })
+        H.near(relaybus.time(), r.run_at, 3, "its own run_at")
+        assert.same({ n = 3 }, r.payload)
+        assert.equal(0, assert(store:stats()).due)
+        -- one batch: the held one made, then replaced
+        local b = assert(store:enqueue_many { { "dp.rp", { n = 4 }, { key = "b", after = { a } } },
+                                              { "dp.rp", { n = 5 }, { key = "b", replace = true } } })
+        assert.equal(b[1], b[2])
+        expect(store, b[1], { waiting = 1 })
+        assert.equal(0, assert(store:stats()).due)
+      end)
+
       it("a chain and a fan-in run in order; a held delivery is pending, not due, and says how many it waits for", function()
         local a = assert(store:enqueue("dp.t", { n = 1 }))
         local b = assert(store:enqueue("dp.t", { n = 2 }))

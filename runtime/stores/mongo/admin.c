@@ -365,8 +365,7 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
             /* its entry again now that it is live (mg_requeue) */
             if (ops[m].won && !del && j->s->ferret && mg_doc_oid(docs[i], hex) &&
                 mg_requeue(j, c, hex, mg_doc_str(docs[i], "topic"), kick_due(docs[i], now), now, 1) < 0) {
-                mg_cas_free(ops, k);
-                free(ops);
+                mg_cas_free(ops, k);    /* (frees the array too) */
                 return -1;
             }
             if (ops[m].won) won++;

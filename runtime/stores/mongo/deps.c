@@ -95,18 +95,23 @@ static char **after_of(const bson_t *d, size_t *n)
         if (*n == cap) {
             cap = cap ? 2 * cap : 8;
             char **g = rb_realloc(v, cap * sizeof *g);
-            if (!g) break;
+            if (!g) goto oom;
             v = g;
         }
-        if (!(v[*n] = rb_strdup(bson_iter_utf8(&sub, NULL)))) break;
+        if (!(v[*n] = rb_strdup(bson_iter_utf8(&sub, NULL)))) goto oom;
         ++*n;
     }
     return v;
+oom:        /* a part of the list would be judged as the whole: none */
+    for (size_t i = 0; i < *n; i++) free(v[i]);
+    free(v);
+    *n = 1;         /* (the caller sees ids NULL with n set: out of memory) */
+    return NULL;
 }
 
 static void free_ids(char **v, size_t n)
 {
-    for (size_t i = 0; i < n; i++) free(v[i]);
+    for (size_t i = 0; v && i < n; i++) free(v[i]);
     free(v);
 }
 
@@ -222,6 +227,16 @@ static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const 
             }
             if (r == 0 && won && requeue)
                 r = mg_requeue(j, c, id, mg_doc_str(d, "topic"), mg_doc_num(d, "held_run_at"), now, 1);
+            if (r == 0 && won && j->s->ferret && v != DEP_LIVE) {
+                /* the entry its enqueue wrote at 1e300 goes: no claim would read it before
+                 * the end of time, and the head's moves would carry it on forever */
+                mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
+                qbatch qb;
+                mg_qb_init(&qb, qc);
+                mg_qb_drop(&qb, id, 0);
+                mg_qb_run(j, &qb, 0);
+                mongoc_collection_destroy(qc);
+            }
         }
         free_docs(deps, n);
         free(deps);
@@ -306,7 +321,15 @@ static int any_marker(mjob *j, mongoc_collection_t *mk)
     return failed ? -1 : d != NULL;
 }
 
+static int deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, int force);
+
 int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n)
+{
+    return deps_settled(j, c, ids, n, 0);
+}
+
+/* force: the sweep's look, which the skip below must not spare */
+static int deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, int force)
 {
     if (!n) return 0;
     /* A store with no marker at all stays so for a while: settles then skip the look for
@@ -314,7 +337,7 @@ int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n)
      * this process's own markers end the while at once, mg_deps_mark). */
     double mono = rb_monotonic();
     pthread_mutex_lock(&j->s->mu);
-    int skip = j->s->deps_none_at > 0 && mono - j->s->deps_none_at < DEPS_NONE_KEEP_S;
+    int skip = !force && j->s->deps_none_at > 0 && mono - j->s->deps_none_at < DEPS_NONE_KEEP_S;
     pthread_mutex_unlock(&j->s->mu);
     if (skip) return 0;
     mongoc_collection_t *mk = mg_coll(j->s, c, j->s->deps);
@@ -420,8 +443,8 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
         }
     }
     /* the old ones get a last look before their markers go */
-    if (r == 0) r = mg_deps_settled(j, c, settled.v, settled.n);
-    if (r == 0) r = mg_deps_settled(j, c, old.v, old.n);
+    if (r == 0) r = deps_settled(j, c, settled.v, settled.n, 1);
+    if (r == 0) r = deps_settled(j, c, old.v, old.n, 1);
     for (size_t i = 0; r == 0 && i < old.n; i++) {
         bson_t sel = BSON_INITIALIZER;
         BSON_APPEND_UTF8(&sel, "_id", old.v[i]);
@@ -443,7 +466,8 @@ void mg_deps_after_settle(mjob *j, mongoc_client_t *c, char *const *ids, size_t 
 {
     char kept[ERRLEN];
     memcpy(kept, j->err, sizeof kept);
-    int r = sweep ? mg_deps_sweep(j, c) : mg_deps_settled(j, c, ids, n);
+    int r = sweep == 1 ? mg_deps_sweep(j, c)
+          : sweep == 2 ? mg_deps_eval(j, c, ids, n) : mg_deps_settled(j, c, ids, n);
     if (r < 0) rb_log(RB_LOG_WARN, "mongodb: dependencies: %s (the sweep tries again)", j->err);
     memcpy(j->err, kept, sizeof kept);
 }

@@ -184,7 +184,8 @@ static bson_t *upd_replace(const mstore *s, const bson_t *cur, const rb_enqueue_
     BSON_APPEND_DOCUMENT_BEGIN(u, "$set", &set);
     /* (payload_check passed for it in mg_enq_prepare: this cannot fail) */
     mg_payload_append(&set, it->payload, s->ferretdb, why, sizeof why);
-    BSON_APPEND_DOUBLE(&set, "run_at", run_at);
+    /* one held behind its dependencies (deps.c) stays held: its own due time changes */
+    BSON_APPEND_DOUBLE(&set, bson_has_field(cur, "held_run_at") ? "held_run_at" : "run_at", run_at);
     BSON_APPEND_INT32(&set, "max_attempts", it->max_attempts > 0 ? it->max_attempts : 25);
     BSON_APPEND_INT32(&set, "attempts", 0);
     BSON_APPEND_INT64(&set, "v", mg_doc_int(cur, "v") + 1);
@@ -214,8 +215,10 @@ static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
         }
         double now = mg_now(j->s);
         double run_at = it->run_at > 0 ? it->run_at : now + it->delay;
-        /* (an entry at its new due time: one earlier than the old entry's must be found) */
-        if (j->s->ferret && mg_requeue(j, c, id, it->topic, run_at, now, 0) < 0) {
+        /* (an entry at its new due time: one earlier than the old entry's must be found; a
+         * held one gets its entry when it is released) */
+        int requeue = j->s->ferret && !bson_has_field(d, "held_run_at");
+        if (requeue && mg_requeue(j, c, id, it->topic, run_at, now, 0) < 0) {
             bson_destroy(d);
             return -1;
         }
@@ -226,7 +229,7 @@ static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
         int won = op.won;
         mg_cas_clear(&op);
         bson_destroy(d);
-        if (r == 0 && won && j->s->ferret) r = mg_requeue(j, c, id, it->topic, run_at, now, 1);
+        if (r == 0 && won && requeue) r = mg_requeue(j, c, id, it->topic, run_at, now, 1);
         if (r < 0) return -1;
         if (won) return REPLACE_DONE;
     }
@@ -479,7 +482,7 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     /* what it held, looked at again now that it is in: a dependency that settled meanwhile
      * may have looked for it before it was there (deps.c) */
     for (size_t i = 0; i < n; i++)
-        if (holds[i] == 1 && ins[i] && mg_deps_eval(j, c, &q->ids[i], 1) < 0) goto out;
+        if (holds[i] == 1 && ins[i]) mg_deps_after_settle(j, c, &q->ids[i], 1, 2);
 out:
     for (size_t i = 0; docs && i < n; i++)
         if (docs[i]) bson_destroy(docs[i]);
@@ -517,6 +520,8 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
              * group would crowd out the heads of others: groups wait for a store that can
              * keep a group's head in the document, docs/stores.md) */
             snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
+        } else if (items[i].nafter > RB_AFTER_MAX) {
+            snprintf(err, errlen, "mongodb: enqueue: after: more than %d dependencies", RB_AFTER_MAX);
         } else if (!payload_check(s, payload, why, sizeof why)) {
             snprintf(err, errlen, "mongodb: payload cannot be stored: %s", why);
             mg_one_line(err, errlen);

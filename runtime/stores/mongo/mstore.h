@@ -263,8 +263,9 @@ int mg_deps_eval(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
 int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
 /* The sweep of the markers (claims run it every DEPS_SWEEP_S). */
 int mg_deps_sweep(mjob *j, mongoc_client_t *c);
-/* mg_deps_settled (or with sweep, mg_deps_sweep) for a write that has succeeded already: a
- * failure is logged and left to the next sweep, and j's outcome stays what it was. */
+/* For a write that has succeeded already: mg_deps_settled (sweep 0), mg_deps_sweep (1) or
+ * mg_deps_eval (2); a failure is logged and left to the next sweep, and j's outcome stays
+ * what it was. */
 void mg_deps_after_settle(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, int sweep);
 
 /* ---- url.c ---- */

@@ -199,8 +199,11 @@ const char *const rb_sqlite_stmt_sql[ST_COUNT] = {
     [ST_ENQ_INSERT] = "INSERT INTO \"{t}\" (topic, payload, key, status, attempts, max_attempts,"
         " fence, run_at, created_at, group_name) VALUES (?1, ?2, ?3, 'pending', 0, ?4, 0, ?5, ?6, ?7)",
     /* a replace (?1 id, ?2 payload, ?3 run_at, ?4 max_attempts) of a delivery found pending
-     * in the same write transaction */
-    [ST_ENQ_REPLACE] = "UPDATE \"{t}\" SET payload = ?2, run_at = ?3, max_attempts = ?4, attempts = 0"
+     * in the same write transaction; one held behind its dependencies stays held, its own
+     * due time changed */
+    [ST_ENQ_REPLACE] = "UPDATE \"{t}\" SET payload = ?2, max_attempts = ?4, attempts = 0,"
+        " run_at = CASE WHEN held_run_at IS NULL THEN ?3 ELSE run_at END,"
+        " held_run_at = CASE WHEN held_run_at IS NULL THEN NULL ELSE ?3 END"
         " WHERE id = ?1 AND status = 'pending'",
     [ST_CLAIM_BURY] = "UPDATE \"{t}\" SET status = 'buried', settled_at = ?1,"
         " last_error = COALESCE(last_error, 'max attempts exceeded')," NO_LEASE " WHERE id = ?2",
