@@ -495,33 +495,45 @@
     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION \"@T_dep_check\"();\n"
 
 /* The buried and the cancelled per topic (schema 15), kept by triggers in the writes that
- * change them, so stats read one row per topic however many millions of rows are settled.
- * Those writes are rare (a completion, the common write, meets none of the WHEN terms). Each
- * takes one transaction-scoped advisory lock of the table (the claim slots' two-integer form,
- * with -1 where they have a slot's number) before it touches "@T_counts": two settles that
- * bury in two topics in opposite orders would otherwise each hold the row the other waits for.
- * Row triggers run when their statement ends, once its rows are locked, and "@T_tally" sorts
- * after the table's other triggers, so the lock is taken last in a statement. A TRUNCATE
- * empties the counts with the table. */
+ * change them, so stats read a row per topic however many millions of rows are settled.
+ * Those writes are rare (a completion, the common write, meets none of the WHEN terms).
+ * Each only inserts its change into "@T_count_deltas", which has no key, so no write waits
+ * for another there: a count row updated in the trigger would be held to the end of its
+ * transaction, and two settles burying in two topics in opposite orders, or one holding a
+ * count while it waits for a group's or a limit's lock, would deadlock. Now and then (one
+ * change in COUNT_FOLD_EVERY) the writer that gets the table's fold lock without waiting
+ * (transaction-scoped, the claim slots' two-integer form with -1 where they have a slot's
+ * number) moves the deltas into "@T_counts" in one statement; holding that lock, it is the
+ * only writer of either table, so the fold waits for no one. Stats add the deltas to the
+ * counts. A TRUNCATE empties both with the table. */
+#define COUNT_FOLD_EVERY "1000"
 #define COUNTED(ROW) ROW ".status IN ('buried', 'cancelled')"
-#define COUNT_ADD(ROW, SIGN) \
-    "    INSERT INTO \"@T_counts\" AS k (topic, buried, cancelled) VALUES (" ROW ".topic," \
-    " " SIGN " * (" ROW ".status = 'buried')::integer, " SIGN " * (" ROW ".status = 'cancelled')::integer)" \
-    " ON CONFLICT (topic) DO UPDATE SET buried = k.buried + excluded.buried," \
-    " cancelled = k.cancelled + excluded.cancelled;\n"
+#define COUNT_DELTA(ROW, SIGN) \
+    "    INSERT INTO \"@T_count_deltas\" (topic, buried, cancelled) VALUES (" ROW ".topic," \
+    " " SIGN " * (" ROW ".status = 'buried')::integer, " SIGN " * (" ROW ".status = 'cancelled')::integer);\n"
 #define COUNTS \
     "CREATE TABLE IF NOT EXISTS \"@T_counts\" (topic text PRIMARY KEY," \
     " buried bigint NOT NULL DEFAULT 0, cancelled bigint NOT NULL DEFAULT 0);\n" \
+    "CREATE TABLE IF NOT EXISTS \"@T_count_deltas\" (topic text NOT NULL, buried integer NOT NULL," \
+    " cancelled integer NOT NULL);\n" \
     "CREATE OR REPLACE FUNCTION \"@T_tally\"() RETURNS trigger LANGUAGE plpgsql AS $f$\n" \
     "BEGIN\n" \
     "  IF TG_OP = 'TRUNCATE' THEN\n" \
     "    DELETE FROM \"@T_counts\";\n" \
+    "    DELETE FROM \"@T_count_deltas\";\n" \
     "    RETURN NULL;\n" \
     "  END IF;\n" \
-    "  PERFORM pg_advisory_xact_lock(('\"@T\"'::regclass::oid::bigint - 2147483648)::integer, -1);\n" \
-    "  IF TG_OP <> 'INSERT' AND " COUNTED("OLD") " THEN\n" COUNT_ADD("OLD", "-1") \
+    "  IF TG_OP <> 'INSERT' AND " COUNTED("OLD") " THEN\n" COUNT_DELTA("OLD", "-1") \
     "  END IF;\n" \
-    "  IF TG_OP <> 'DELETE' AND " COUNTED("NEW") " THEN\n" COUNT_ADD("NEW", "1") \
+    "  IF TG_OP <> 'DELETE' AND " COUNTED("NEW") " THEN\n" COUNT_DELTA("NEW", "1") \
+    "  END IF;\n" \
+    "  IF random() * " COUNT_FOLD_EVERY " < 1 AND pg_try_advisory_xact_lock(" \
+    "('\"@T\"'::regclass::oid::bigint - 2147483648)::integer, -1) THEN\n" \
+    "    WITH d AS (DELETE FROM \"@T_count_deltas\" RETURNING topic, buried, cancelled)\n" \
+    "    INSERT INTO \"@T_counts\" AS k (topic, buried, cancelled)" \
+    " SELECT topic, sum(buried), sum(cancelled) FROM d GROUP BY topic ORDER BY topic" \
+    " ON CONFLICT (topic) DO UPDATE SET buried = k.buried + excluded.buried," \
+    " cancelled = k.cancelled + excluded.cancelled;\n" \
     "  END IF;\n" \
     "  RETURN NULL;\n" \
     "END\n" \
@@ -540,6 +552,11 @@
     "DROP TRIGGER IF EXISTS \"@T_tally_truncate\" ON \"@T\";\n" \
     "CREATE TRIGGER \"@T_tally_truncate\" AFTER TRUNCATE ON \"@T\" FOR EACH STATEMENT" \
     " EXECUTE FUNCTION \"@T_tally\"();\n"
+/* The counts now: the folded ones and the deltas since (a few hundred rows, COUNTS above) */
+#define COUNTS_NOW \
+    "(SELECT topic, sum(buried)::bigint AS buried, sum(cancelled)::bigint AS cancelled FROM" \
+    " (SELECT topic, buried, cancelled FROM \"@T_counts\" UNION ALL" \
+    "  SELECT topic, buried, cancelled FROM \"@T_count_deltas\") AS u GROUP BY topic)"
 /* Migration N brings the schema from version N-1 to N; each is idempotent. */
 static const char *const migrations[] = {
     "CREATE TABLE IF NOT EXISTS \"@T\" ("
@@ -834,6 +851,7 @@ static const char *const migrations[] = {
     "SET LOCAL lock_timeout = '10s';\n"
     COUNTS
     "DELETE FROM \"@T_counts\";\n"
+    "DELETE FROM \"@T_count_deltas\";\n"
     "INSERT INTO \"@T_counts\" (topic, buried, cancelled) SELECT topic,"
     " count(*) FILTER (WHERE status = 'buried'), count(*) FILTER (WHERE status = 'cancelled')"
     " FROM \"@T\" WHERE status IN ('buried', 'cancelled') GROUP BY topic;\n",
@@ -943,7 +961,7 @@ const char rb_pg_sql_table_large[] =
     "  count(*) FILTER (WHERE status = 'processing') AS r," \
     "  greatest(0, coalesce(date_part('epoch', now() - min(run_at) FILTER (WHERE status = 'pending'" \
     "   AND run_at <= now())), 0))::float8 AS age FROM \"@T\" WHERE " LIVE " GROUP BY topic)," \
-    " k AS (SELECT topic, buried, cancelled FROM \"@T_counts\" WHERE buried <> 0 OR cancelled <> 0)" \
+    " k AS (SELECT topic, buried, cancelled FROM " COUNTS_NOW " AS n WHERE buried <> 0 OR cancelled <> 0)" \
     D "," \
     " t AS (SELECT topic FROM live UNION SELECT topic FROM k" D_TOPICS ")" \
     " SELECT t.topic, coalesce(live.p, 0) AS pending, coalesce(live.r, 0) AS processing," \
@@ -1021,8 +1039,8 @@ const char rb_pg_sql_stats[] =
     "   AS age,"
     "  count(*) FILTER (WHERE status = 'processing' AND coalesce(lease_expires_at <= now(), true))"
     "   AS stalled FROM \"@T\" WHERE " LIVE "),"
-    " b AS (SELECT coalesce(sum(buried), 0)::bigint AS n FROM \"@T_counts\"),"
-    " c AS (SELECT coalesce(sum(cancelled), 0)::bigint AS n FROM \"@T_counts\"),"
+    " b AS (SELECT coalesce(sum(buried), 0)::bigint AS n FROM " COUNTS_NOW " AS k),"
+    " c AS (SELECT coalesce(sum(cancelled), 0)::bigint AS n FROM " COUNTS_NOW " AS k),"
     " est AS (SELECT " TABLE_ROWS_ESTIMATE " AS n)"
     " SELECT live.p, live.r, CASE WHEN est.n > " ESTIMATE_ABOVE
     "  THEN greatest(0, round(est.n)::bigint - live.p - live.r - b.n - c.n)"
