@@ -276,9 +276,34 @@ static void on_tick_enqueued(void *ud, const char *err, char **ids, const unsign
     mg_submit(q->j.s, &q->j);
 }
 
+/* Inserts the ticket `id` (1: taken); *stale when another holds it since STALE_TICKET_S. */
+static int tick_ticket(mjob *j, mongoc_collection_t *tk, const char *id, const char *owner,
+                       double now, int *stale)
+{
+    bson_t *t = BCON_NEW("_id", BCON_UTF8(id), "d", BCON_UTF8(owner), "at", BCON_DOUBLE(now));
+    bson_error_t e;
+    int took = mongoc_collection_insert_one(tk, t, NULL, NULL, &e);
+    bson_destroy(t);
+    *stale = 0;
+    if (took) return 1;
+    if (e.code != 11000) {
+        mg_fail_bson(j, "schedule fire: ticket", &e);
+        return 0;
+    }
+    bson_t *sel = BCON_NEW("_id", BCON_UTF8(id));
+    int failed = 0;
+    bson_t *held = mg_find_one(j, tk, sel, NULL, &failed);
+    *stale = held && mg_doc_num(held, "at") < now - STALE_TICKET_S;
+    if (held) bson_destroy(held);
+    bson_destroy(sel);
+    return 0;
+}
+
 /* Of the dispatchers that found a tick due, the one that inserts its ticket (tickets.c: an
- * insert with a unique _id, which only one can) fires it; a ticket 60 s old whose tick is
- * still due (its holder died before next_at moved) is passed, as a write's is. 1: fire. */
+ * insert with a unique _id, which only one can) fires it. A ticket 60 s old whose tick is
+ * still due (its holder died before next_at moved) is passed as a write's is: by the one
+ * that inserts the next ticket "<ticket>.<k>", so dispatchers passing it at once fire it
+ * once. 1: fire. */
 static int take_tick(mjob *j, mongoc_client_t *c, sched_job *q)
 {
     size_t n = strlen(q->name) + 64;
@@ -292,20 +317,12 @@ static int take_tick(mjob *j, mongoc_client_t *c, sched_job *q)
     snprintf(id, n, "tick:%s:%.17g", q->name, q->due);
     double now = mg_now(j->s);
     mongoc_collection_t *tk = mg_coll(j->s, c, j->s->tickets);
-    bson_t *t = BCON_NEW("_id", BCON_UTF8(id), "d", BCON_UTF8(owner), "at", BCON_DOUBLE(now));
-    bson_error_t e;
-    int fire = mongoc_collection_insert_one(tk, t, NULL, NULL, &e);
-    if (!fire && e.code == 11000) {
-        bson_t *sel = BCON_NEW("_id", BCON_UTF8(id));
-        int failed = 0;
-        bson_t *held = mg_find_one(j, tk, sel, NULL, &failed);
-        fire = held && mg_doc_num(held, "at") < now - STALE_TICKET_S;
-        if (held) bson_destroy(held);
-        bson_destroy(sel);
-    } else if (!fire) {
-        mg_fail_bson(j, "schedule fire: ticket", &e);
+    int stale, fire = tick_ticket(j, tk, id, owner, now, &stale);
+    size_t base = strlen(id);
+    for (int k = 1; !fire && stale && k <= 16; k++) {   /* 16 dead holders in a row at most */
+        snprintf(id + base, n - base, ".%d", k);
+        fire = tick_ticket(j, tk, id, owner, now, &stale);
     }
-    bson_destroy(t);
     mongoc_collection_destroy(tk);
     free(id);
     free(owner);
