@@ -366,11 +366,22 @@ static int deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n,
         if (failed) r = -1;
         else if (markers[i]) r = dependents_of(j, cl, ids[i], &after);
     }
+    mongoc_collection_destroy(cl);
+    if (r == 0 && after.n) r = mg_deps_eval(j, c, after.v, after.n);
+    /* looked at: the sweep spares them the look until their last (an enqueue after one of
+     * them since looks at its dependency again itself, mg_deps_mark) */
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        if (!markers[i]) continue;
+        bson_t sel = BSON_INITIALIZER;
+        BSON_APPEND_UTF8(&sel, "_id", ids[i]);
+        bson_t *upd = BCON_NEW("$set", "{", "looked_at", BCON_DOUBLE(mg_now(j->s)), "}");
+        mongoc_collection_update_one(mk, &sel, upd, NULL, NULL, NULL);
+        bson_destroy(upd);
+        bson_destroy(&sel);
+    }
     if (markers) free_docs(markers, n);
     free(markers);
-    mongoc_collection_destroy(cl);
     mongoc_collection_destroy(mk);
-    if (r == 0 && after.n) r = mg_deps_eval(j, c, after.v, after.n);
     free_ids(after.v, after.n);
     return r;
 }
@@ -384,8 +395,8 @@ int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double
     mongoc_collection_t *mk = mg_coll(j->s, c, j->s->deps);
     int r = 0;
     for (size_t i = 0; r == 0 && i < n; i++) {
-        /* an upsert that keeps an existing marker's `at` and clears its settled_at: a
-         * dependency kicked back to life is live again */
+        /* an upsert that keeps an existing marker's `at` and clears its looked_at: a
+         * delivery after it is added, which the sweep must look for */
         bson_t sel = BSON_INITIALIZER, upd = BSON_INITIALIZER, soi, un;
         bson_error_t e;
         BSON_APPEND_UTF8(&sel, "_id", ids[i]);
@@ -393,7 +404,7 @@ int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double
         BSON_APPEND_DOUBLE(&soi, "at", now);
         bson_append_document_end(&upd, &soi);
         BSON_APPEND_DOCUMENT_BEGIN(&upd, "$unset", &un);
-        BSON_APPEND_UTF8(&un, "settled_at", "");
+        BSON_APPEND_UTF8(&un, "looked_at", "");
         bson_append_document_end(&upd, &un);
         bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
         if (!mongoc_collection_update_one(mk, &sel, &upd, opts, NULL, &e) && e.code != 11000) {
@@ -424,11 +435,14 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
     bson_destroy(&opts);
     char **ids = rb_calloc(nm ? nm : 1, sizeof *ids);
     bson_t **deps = rb_calloc(nm ? nm : 1, sizeof *deps);
-    if (r == 0 && (!ids || !deps)) { mg_fail(j, MG_OOM); r = -1; }
+    char *looked = rb_calloc(nm ? nm : 1, 1);
+    if (r == 0 && (!ids || !deps || !looked)) { mg_fail(j, MG_OOM); r = -1; }
     size_t n = 0;
     for (size_t i = 0; r == 0 && i < nm; i++) {
         const char *id = mg_doc_str(marks[i], "_id");
-        if (id && !(ids[n++] = rb_strdup(id))) { mg_fail(j, MG_OOM); r = -1; }
+        if (!id) continue;
+        looked[n] = bson_has_field(marks[i], "looked_at");
+        if (!(ids[n++] = rb_strdup(id))) { mg_fail(j, MG_OOM); r = -1; }
     }
     if (r == 0) r = mg_read_by_ids(j, cl, ids, n, deps);
     double now = mg_now(j->s);
@@ -437,7 +451,9 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
         const char *st = deps[i] ? mg_doc_str(deps[i], "status") : NULL;
         if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) continue;
         double at = deps[i] ? mg_doc_num(deps[i], "settled_at") : 0;
-        if (!idlist_add(at < now - DEPS_MARKER_KEEP_S ? &old : &settled, ids[i])) {
+        int last = at < now - DEPS_MARKER_KEEP_S;
+        if (!last && looked[i]) continue;       /* its settler looked: nothing missed */
+        if (!idlist_add(last ? &old : &settled, ids[i])) {
             mg_fail(j, MG_OOM);
             r = -1;
         }
@@ -455,6 +471,7 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
     free_ids(old.v, old.n);
     if (deps) free_docs(deps, n);
     free(deps);
+    free(looked);
     if (ids) free_ids(ids, n);
     mg_docs_free(marks, nm);
     mongoc_collection_destroy(cl);
