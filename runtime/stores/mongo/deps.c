@@ -244,6 +244,7 @@ static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const 
         bson_destroy(d);
         if (r < 0) return -1;
         if (won) return v == DEP_FAILED;
+        mg_lost_wait(round);
     }
     mg_fail(j, "dependencies: a held delivery's write lost to others %d times in a row",
             EVAL_ROUNDS);

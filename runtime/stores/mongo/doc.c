@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
 #include "util/text.h"
@@ -271,6 +272,13 @@ bson_t *mg_find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
     for (size_t i = 1; i < n; i++) bson_destroy(v[i]);
     free(v);
     return d;
+}
+
+void mg_lost_wait(int round)
+{
+    int shift = round < 6 ? round : 6;
+    struct timespec ts = {0, (long)(1000000L << shift)};     /* 1, 2, 4 ... 64 ms */
+    nanosleep(&ts, NULL);
 }
 
 bson_t *mg_find_by_id(mjob *j, mongoc_collection_t *cl, const char *id, int *failed)

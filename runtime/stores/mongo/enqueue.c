@@ -232,6 +232,7 @@ static int replace_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl,
         if (r == 0 && won && requeue) r = mg_requeue(j, c, id, it->topic, run_at, now, 1);
         if (r < 0) return -1;
         if (won) return REPLACE_DONE;
+        mg_lost_wait(round);
     }
     mg_fail(j, "enqueue: a replace lost to other writes of the delivery %d times in a row",
             REPLACE_ROUNDS);

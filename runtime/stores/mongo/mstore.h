@@ -152,6 +152,10 @@ int mg_find_docs(mjob *j, mongoc_collection_t *cl, const bson_t *filter, const b
 void mg_docs_free(bson_t **v, size_t n);
 bson_t *mg_find_one(mjob *j, mongoc_collection_t *cl, const bson_t *sel,
                     mongoc_client_session_t *cs, int *failed);
+/* A worker's wait before it reads a document again after its write lost to another (round
+ * 0, 1, ...: 1 ms doubling to 64): the winner's ticket may be taken while its write is still
+ * on its way, and reading again at once would find the old version and lose again. */
+void mg_lost_wait(int round);
 /* The delivery of id (the store's hex form), or NULL: none, or *failed. */
 bson_t *mg_find_by_id(mjob *j, mongoc_collection_t *cl, const char *id, int *failed);
 void mg_append_range(bson_t *b, const char *field, const char *op, double v);
