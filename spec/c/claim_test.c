@@ -570,11 +570,12 @@ static void a_claim_answered_past_the_local_deadline_is_released(void **state)
     th_ids ids = th_enqueue(e, T, 3, 0, 0);
     rb_dispatcher_options o;
     th_options(e, &o);
-    /* local deadline: 1 s after the claim was sent; the late answer's releases then have
-     * 0.45 s before the lease ends (with 0.15 s a loaded machine let the lease end first,
-     * and the delivery was claimed again with its attempt counted) */
-    o.lease_duration = 1.5;
-    e->spy->claim_delay = 1.05;
+    /* local deadline: 3.6 s after the claim was sent (the margin is 10% of a lease, 0.2 s at
+     * least); the late answer's releases then have 0.38 s before the lease ends (with 0.15 s,
+     * of a 0.6 s lease, a loaded machine let the lease end first, and the delivery was
+     * claimed again with its attempt counted) */
+    o.lease_duration = 4.0;
+    e->spy->claim_delay = 3.62;
     e->spy->delay_claims = 1;           /* only the first claim comes late */
     th_dispatcher(e, &o);
     th_handler *h = th_new_handler(e);
