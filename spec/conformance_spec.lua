@@ -268,6 +268,28 @@ for _, entry in ipairs(S.list { dialects = true }) do
     end)
 
     describe("dedupe keys", function()
+      -- (found by attack: on MongoDB a key that is not UTF-8 was stored, then found by no
+      -- query: a dedupe or a replace answered the id of a delivery never written)
+      it("a key that is not UTF-8 dedupes and replaces as any other (SQLite), or is refused in one line with nothing written", function()
+        local k = "\xff\xfe bad"
+        local a, err = store:enqueue("dk.utf", { v = 1 }, { key = k })
+        if entry.kind ~= "sqlite" then    -- (PostgreSQL's text and BSON's strings are UTF-8)
+          assert.is_nil(a)
+          H.one_line(err)
+          assert.truthy(err:find("UTF", 1, true), err)
+          assert.is_nil(err:find("\xff", 1, true))
+          assert.equal(0, total(store))
+          return
+        end
+        assert.is_string(a, err)
+        assert.equal(a, assert(store:enqueue("dk.utf", { v = 2 }, { key = k })))
+        local b, made = store:enqueue("dk.utf", { v = 3 }, { key = k, replace = true })
+        assert.equal(a, b)
+        assert.is_true(made)
+        assert.same({ v = 3 }, assert(store:get(a)).payload)
+        assert.equal(1, total(store))
+      end)
+
       it("return the same id and add nothing while the delivery is pending", function()
         local a = assert(store:enqueue("dd.a", 1, { key = "k" }))
         local b = assert(store:enqueue("dd.a", 2, { key = "k" }))

@@ -358,16 +358,26 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
             mg_cas_free(ops, k);
             return -1;
         }
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++) {
+        /* the entries again now that they are live (mg_requeue says why), one batch */
+        mongoc_collection_t *qc = !del && j->s->ferret ? mg_coll(j->s, c, j->s->queue) : NULL;
+        qbatch qb;
+        if (qc) mg_qb_init(&qb, qc);
+        for (size_t i = 0, m = 0; qc && i < n; i++) {
             char hex[25];
             if (!docs[i]) continue;
-            /* its entry again now that it is live (mg_requeue) */
-            if (ops[m].won && !del && j->s->ferret && mg_doc_oid(docs[i], hex) &&
-                mg_requeue(j, c, hex, mg_doc_str(docs[i], "topic"), kick_due(docs[i], now), now, 1) < 0) {
-                mg_cas_free(ops, k);    /* (frees the array too) */
-                return -1;
-            }
+            if (ops[m++].won && mg_doc_oid(docs[i], hex))
+                mg_qb_put(&qb, hex, mg_doc_str(docs[i], "topic"), MG_REQUEUE_AFTER_G(now),
+                          kick_due(docs[i], now), now);
+        }
+        int qr = qc ? mg_qb_run(j, &qb, 1) : 0;
+        if (qc) mongoc_collection_destroy(qc);
+        if (qr < 0) {
+            mg_cas_free(ops, k);    /* (frees the array too) */
+            return -1;
+        }
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!docs[i]) continue;
             if (ops[m].won) won++;
             if (ops[m].won || ops[m].code != 11000) {   /* done with it, unless dedupe refused */
                 bson_destroy(docs[i]);
@@ -489,7 +499,7 @@ static int one_round(mjob *j, mongoc_client_t *c)
             char self[25];
             if (mg_doc_oid(d, self)) {      /* buried or cancelled: the ones after it (deps.c) */
                 char *gone = self;
-                mg_deps_after_settle(j, c, &gone, 1, 0);
+                mg_deps_after_write(j, c, MG_DEPS_SETTLED, &gone, 1);
             }
             q->count = 1;
             const char *token = mg_doc_str(d, "lease_token");

@@ -360,11 +360,11 @@ static void claim_work(mjob *j, mongoc_client_t *c)
     int sweep = mono - j->s->deps_swept >= DEPS_SWEEP_S;
     if (sweep) j->s->deps_swept = mono;
     pthread_mutex_unlock(&j->s->mu);
-    if (sweep) mg_deps_after_settle(j, c, NULL, 0, 1);
+    if (sweep) mg_deps_after_write(j, c, MG_DEPS_SWEEP, NULL, 0);
     if (mg_split_paused(j, c, q->topics, &q->ntopics, &npaused) != 0 || !q->ntopics) return;
     if (j->s->ferret) claim_from_queue(q, c);
     else claim_scan(q, c);
-    if (!j->err[0] && q->nburied) mg_deps_after_settle(j, c, q->buried, q->nburied, 0);
+    if (!j->err[0] && q->nburied) mg_deps_after_write(j, c, MG_DEPS_SETTLED, q->buried, q->nburied);
 }
 
 /* MongoDB wakes no dispatcher for what falls due later: a claim says nothing of when to claim

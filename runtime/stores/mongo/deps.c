@@ -480,12 +480,13 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
     return r;
 }
 
-void mg_deps_after_settle(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, int sweep)
+void mg_deps_after_write(mjob *j, mongoc_client_t *c, mg_deps_look look, char *const *ids,
+                         size_t n)
 {
     char kept[ERRLEN];
     memcpy(kept, j->err, sizeof kept);
-    int r = sweep == 1 ? mg_deps_sweep(j, c)
-          : sweep == 2 ? mg_deps_eval(j, c, ids, n) : mg_deps_settled(j, c, ids, n);
+    int r = look == MG_DEPS_SWEEP ? mg_deps_sweep(j, c)
+          : look == MG_DEPS_EVAL ? mg_deps_eval(j, c, ids, n) : mg_deps_settled(j, c, ids, n);
     if (r < 0) rb_log(RB_LOG_WARN, "mongodb: dependencies: %s (the sweep tries again)", j->err);
     memcpy(j->err, kept, sizeof kept);
 }

@@ -4,6 +4,11 @@
 #include <string.h>
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
+#include "util/text.h"
+
+/* What an item's dependencies make of its document: due as usual (none live), held behind
+ * the live ones, or cancelled (one was buried or cancelled). */
+typedef enum { AFTER_DUE, AFTER_HELD, AFTER_CANCELLED } held_kind;
 
 static void enq_free(enq_job *q)
 {
@@ -151,7 +156,7 @@ int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_
 
 /* FerretDB: the ready queue's entries of the deliveries to insert, written before them so
  * that a delivery never lacks one. */
-static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, const int *holds,
+static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, const held_kind *holds,
                        double now)
 {
     mongoc_collection_t *qc = mg_coll(q->j.s, c, q->j.s->queue);
@@ -161,7 +166,7 @@ static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, const in
         if (want[i]) {
             const rb_enqueue_item *it = &q->items[i];
             /* a held one's entry waits at the end: its release writes one at its time */
-            double at = holds[i] == 1 ? MG_HELD_RUN_AT
+            double at = holds[i] == AFTER_HELD ? MG_HELD_RUN_AT
                                       : it->run_at > 0 ? it->run_at : now + it->delay;
             mg_qb_put(&qb, q->ids[i], it->topic, 0, at, now);
         }
@@ -255,7 +260,7 @@ static const char *quotable_id(const char *id)
 
 /* What an item's dependencies make of its document. */
 typedef struct held {
-    int kind;                   /* 0: none live (due as usual), 1: held, 2: cancelled */
+    held_kind kind;
     char why[120];              /* cancelled: the reason */
     char **live;                /* held: the live dependencies' ids (owned) */
     size_t nlive;
@@ -304,20 +309,20 @@ static int deps_resolve(mjob *j, mongoc_collection_t *cl, const rb_enqueue_item 
         mg_fail(j, MG_OOM);
         r = -1;
     }
-    for (size_t k = 0; r == 0 && k < n && h->kind != 2; k++) {
+    for (size_t k = 0; r == 0 && k < n && h->kind != AFTER_CANCELLED; k++) {
         const char *st = mg_doc_str(deps[k], "status");
         if (st && (!strcmp(st, "buried") || !strcmp(st, "cancelled"))) {
-            h->kind = 2;
+            h->kind = AFTER_CANCELLED;
             snprintf(h->why, sizeof h->why, "dependency %s was %s", ids[k], st);
         } else if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) {
             int d = (int)mg_doc_int(deps[k], "after_depth") + 1;
             if (d > h->depth) h->depth = d;
             h->live[h->nlive++] = ids[k];
             ids[k] = NULL;
-            h->kind = 1;
+            h->kind = AFTER_HELD;
         }
     }
-    if (r == 0 && h->kind == 1 && h->depth > RB_AFTER_DEPTH_MAX) {
+    if (r == 0 && h->kind == AFTER_HELD && h->depth > RB_AFTER_DEPTH_MAX) {
         mg_fail(j, "enqueue: after: a chain of more than %d dependencies", RB_AFTER_DEPTH_MAX);
         r = -1;
     }
@@ -346,7 +351,7 @@ static int doc_with_deps(bson_t **d, const held *h, double now)
             skip = !strcmp(bson_iter_key(&it), replaced_fields[f]);
         if (!skip) bson_append_iter(n, NULL, 0, &it);
     }
-    if (h->kind == 2) {
+    if (h->kind == AFTER_CANCELLED) {
         BSON_APPEND_UTF8(n, "status", "cancelled");
         BSON_APPEND_DOUBLE(n, "run_at", run_at);
         BSON_APPEND_DOUBLE(n, "settled_at", now);
@@ -385,7 +390,8 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     bson_t **docs = rb_calloc(n, sizeof *docs);
     int *want = rb_calloc(n, sizeof *want), *ins = rb_calloc(n, sizeof *ins), *dup = rb_calloc(n, sizeof *dup);
-    int *replaced = rb_calloc(n, sizeof *replaced), *holds = rb_calloc(n, sizeof *holds);
+    int *replaced = rb_calloc(n, sizeof *replaced);
+    held_kind *holds = rb_calloc(n, sizeof *holds);     /* (calloc: AFTER_DUE) */
     q->ids = rb_calloc(n, sizeof *q->ids);
     q->kept = rb_calloc(n, sizeof *q->kept);
     if (!docs || !want || !ins || !dup || !replaced || !holds || !q->ids || !q->kept) {
@@ -405,14 +411,15 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             held h;
             if (deps_resolve(j, cl, &q->items[i], &h) < 0) goto out;
             holds[i] = h.kind;
-            if (h.kind) doc_with_deps(&docs[i], &h, now);
+            if (h.kind != AFTER_DUE) doc_with_deps(&docs[i], &h, now);
             /* the markers before the delivery (deps.c) */
-            int r = h.kind == 1 ? mg_deps_mark(j, c, h.live, h.nlive, now) : 0;
+            int r = h.kind == AFTER_HELD ? mg_deps_mark(j, c, h.live, h.nlive, now) : 0;
             held_clear(&h);
             if (r < 0) goto out;
         }
     }
     if (j->s->ferret && enq_entries(q, c, want, holds, now) < 0) goto out;
+    int again = 0;
     for (int round = 0; round < 5; round++) {
         int *got = rb_calloc(n, sizeof *got);
         if (!got || enq_insert(j, cl, docs, want, got, dup, n) < 0) {
@@ -420,7 +427,7 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             enq_undo(cl, docs, ins, n);
             goto out;
         }
-        int again = 0;
+        again = 0;
         for (size_t i = 0; i < n; i++) {
             if (got[i]) ins[i] = 1;
             want[i] = 0;
@@ -443,6 +450,12 @@ static void enq_work(mjob *j, mongoc_client_t *c)
         }
         free(got);
         if (!again) break;
+    }
+    if (again) {
+        /* neither in nor held by another: its id would name nothing */
+        mg_fail(j, "enqueue: a key's delivery settled and came back 5 times while it was added");
+        enq_undo(cl, docs, ins, n);
+        goto out;
     }
     for (size_t i = 0; i < n; i++) {
         long k = mg_same_key_before(q->items, i);
@@ -483,7 +496,7 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     /* what it held, looked at again now that it is in: a dependency that settled meanwhile
      * may have looked for it before it was there (deps.c) */
     for (size_t i = 0; i < n; i++)
-        if (holds[i] == 1 && ins[i]) mg_deps_after_settle(j, c, &q->ids[i], 1, 2);
+        if (holds[i] == AFTER_HELD && ins[i]) mg_deps_after_write(j, c, MG_DEPS_EVAL, &q->ids[i], 1);
 out:
     for (size_t i = 0; docs && i < n; i++)
         if (docs[i]) bson_destroy(docs[i]);
@@ -521,6 +534,9 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
              * group would crowd out the heads of others: groups wait for a store that can
              * keep a group's head in the document, docs/stores.md) */
             snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
+        } else if (items[i].key && !rb_utf8_valid(items[i].key, strlen(items[i].key))) {
+            /* (BSON strings are UTF-8: the server keeps such a key, then finds it by no query) */
+            snprintf(err, errlen, "mongodb: enqueue: delivery %zu's key is not UTF-8", i + 1);
         } else if (items[i].nafter > RB_AFTER_MAX) {
             snprintf(err, errlen, "mongodb: enqueue: after: more than %d dependencies", RB_AFTER_MAX);
         } else if (!payload_check(s, payload, why, sizeof why)) {

@@ -225,6 +225,9 @@ int mg_queue_backfill(mstore *s, mongoc_client_t *c, char *err, size_t errlen);
  * moved that entry to the old due time, or dropped it (a buried one). -1: j failed. */
 int mg_requeue(mjob *j, mongoc_client_t *c, const char *hex, const char *topic, double at,
                double now, int after);
+/* Generations: the time in microseconds, counted on by one by claims; the entry after the
+ * write gets one of its own above the one before it. */
+#define MG_REQUEUE_AFTER_G(now) ((int64_t)((now) * 1e6) + 1000)
 
 /* ---- enqueue.c (tx.c enqueues too) ---- */
 typedef struct enq_job {
@@ -267,10 +270,12 @@ int mg_deps_eval(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
 int mg_deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
 /* The sweep of the markers (claims run it every DEPS_SWEEP_S). */
 int mg_deps_sweep(mjob *j, mongoc_client_t *c);
-/* For a write that has succeeded already: mg_deps_settled (sweep 0), mg_deps_sweep (1) or
- * mg_deps_eval (2); a failure is logged and left to the next sweep, and j's outcome stays
- * what it was. */
-void mg_deps_after_settle(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, int sweep);
+/* For a write that has succeeded already: mg_deps_settled, mg_deps_sweep or mg_deps_eval of
+ * ids[0..n); a failure is logged and left to the next sweep, and j's outcome stays what it
+ * was. */
+typedef enum { MG_DEPS_SETTLED, MG_DEPS_SWEEP, MG_DEPS_EVAL } mg_deps_look;
+void mg_deps_after_write(mjob *j, mongoc_client_t *c, mg_deps_look look, char *const *ids,
+                         size_t n);
 
 /* ---- url.c ---- */
 typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;

@@ -206,9 +206,7 @@ int mg_requeue(mjob *j, mongoc_client_t *c, const char *hex, const char *topic, 
     mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
     qbatch qb;
     mg_qb_init(&qb, qc);
-    /* generations: the time in microseconds, counted on by one by claims; the entry after
-     * the write gets one of its own above them */
-    mg_qb_put(&qb, hex, topic, (int64_t)(now * 1e6) + (after ? 1000 : 0), at, now);
+    mg_qb_put(&qb, hex, topic, after ? MG_REQUEUE_AFTER_G(now) : (int64_t)(now * 1e6), at, now);
     int r = mg_qb_run(j, &qb, 1);
     mongoc_collection_destroy(qc);
     return r;

@@ -90,7 +90,7 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     for (size_t i = 0; r < 0 && i < k; i++) mg_vc_drop(j->s, mine[i]->id);
     mg_busy_give(j->s, held, m);     /* last: the version cache is up to date now */
     free(held);
-    if (ngone) mg_deps_after_settle(j, c, gone, ngone, 0);
+    if (ngone) mg_deps_after_write(j, c, MG_DEPS_SETTLED, gone, ngone);
     free(gone);
     if (cas) mg_cas_free(cas, k);
     free(mine);
