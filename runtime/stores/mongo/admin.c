@@ -292,13 +292,18 @@ static double kick_due(const bson_t *cur, double now)
     return lease_end > now ? lease_end : now;
 }
 
-static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe)
+/* gprev: the live delivery of its group it is held behind (groups.c), or NULL */
+static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe, const char *gprev)
 {
     bson_t *u = bson_new(), set, un;
     BSON_APPEND_DOCUMENT_BEGIN(u, "$set", &set);
     BSON_APPEND_UTF8(&set, "status", "pending");
     BSON_APPEND_INT32(&set, "attempts", 0);
-    BSON_APPEND_DOUBLE(&set, "run_at", kick_due(cur, now));
+    BSON_APPEND_DOUBLE(&set, "run_at", gprev ? MG_HELD_RUN_AT : kick_due(cur, now));
+    if (gprev) {
+        BSON_APPEND_DOUBLE(&set, "held_run_at", kick_due(cur, now));
+        BSON_APPEND_UTF8(&set, "gprev", gprev);
+    }
     /* kept until it is over: a bury and kick again keep the wait */
     BSON_APPEND_DOUBLE(&set, "lease_expires_at", kick_due(cur, now) > now ? kick_due(cur, now) : 0);
     BSON_APPEND_INT64(&set, "v", mg_doc_int(cur, "v") + 1);
@@ -311,10 +316,14 @@ static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe)
     bson_append_document_end(u, &set);
     BSON_APPEND_DOCUMENT_BEGIN(u, "$unset", &un);
     BSON_APPEND_UTF8(&un, "settled_at", "");
-    /* a kicked one runs whatever its dependencies (deps.c): held no more */
+    /* a kicked one runs whatever its dependencies (deps.c): held no more, unless behind
+     * the live one of its group */
     BSON_APPEND_UTF8(&un, "waiting", "");
     BSON_APPEND_UTF8(&un, "after", "");
-    BSON_APPEND_UTF8(&un, "held_run_at", "");
+    if (!gprev) {
+        BSON_APPEND_UTF8(&un, "held_run_at", "");
+        BSON_APPEND_UTF8(&un, "gprev", "");
+    }
     bson_append_document_end(u, &un);
     return u;
 }
@@ -322,11 +331,58 @@ static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe)
 /* Kicks (or deletes) the given documents; returns how many changed, -1 on failure. A kicked
  * delivery whose topic and key another live delivery holds now goes back without its key's
  * dedupe rather than not at all. */
+static void free_held(char **held, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(held[i]);
+    free(held);
+}
+
+/* A kicked delivery of a group joins it again at its tail, like a new one (groups.c): held[i]
+ * (malloc'd) the live one before it, or NULL when it is due. -1: j failed. */
+static int kick_groups(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, double now,
+                       char **held)
+{
+    const char **groups = rb_calloc(n, sizeof *groups);
+    char **ids = rb_calloc(n, sizeof *ids), **prev = rb_calloc(n, sizeof *prev);
+    int r = groups && ids && prev ? 0 : -1, any = 0;
+    if (r < 0) mg_fail(j, MG_OOM);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        char hex[25];
+        held[i] = NULL;
+        if (!docs[i] || !(groups[i] = mg_doc_str(docs[i], "group")) || !mg_doc_oid(docs[i], hex))
+            continue;
+        if (!(ids[i] = rb_strdup(hex))) { mg_fail(j, MG_OOM); r = -1; }
+        any = 1;
+    }
+    if (r == 0 && any) r = mg_groups_link(j, c, groups, ids, n, prev);
+    mongoc_collection_t *cl = r == 0 && any ? mg_coll(j->s, c, j->s->base.table) : NULL;
+    for (size_t i = 0; cl && r == 0 && i < n; i++) {
+        if (!prev[i]) continue;
+        r = mg_group_live_prev(j, cl, ids[i], prev[i], &held[i]);
+        if (r == 0 && held[i]) r = mg_deps_mark(j, c, &held[i], 1, ids[i], now);
+    }
+    if (cl) mongoc_collection_destroy(cl);
+    for (size_t i = 0; i < n; i++) {
+        if (ids) free(ids[i]);
+        if (prev) free(prev[i]);
+    }
+    free(ids); free(prev); free(groups);
+    return r;
+}
+
 static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, int del, double now)
 {
     cas_op *ops = rb_calloc(n ? n : 1, sizeof *ops);
-    if (!ops) {
+    char **held = rb_calloc(n ? n : 1, sizeof *held);
+    if (!ops || !held) {
+        free(ops);
+        free(held);
         mg_fail(j, "out of memory");
+        return -1;
+    }
+    if (!del && kick_groups(j, c, docs, n, now, held) < 0) {
+        free(ops);
+        free_held(held, n);
         return -1;
     }
     int64_t won = 0;
@@ -340,22 +396,34 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         for (size_t i = 0; i < n; i++)
             if (docs[i] && mg_doc_oid(docs[i], hex))
                 mg_qb_put(&qb, hex, mg_doc_str(docs[i], "topic"), (int64_t)(now * 1e6),
-                          kick_due(docs[i], now), now);
+                          held[i] ? MG_HELD_RUN_AT : kick_due(docs[i], now), now);
         int r = mg_qb_run(j, &qb, 1);
         mongoc_collection_destroy(qc);
         if (r < 0) {
             free(ops);
+            free_held(held, n);
             return -1;
         }
+    }
+    char **look = rb_calloc(n ? n : 1, sizeof *look);   /* held ones kicked: looked at after */
+    size_t nlook = 0;
+    if (!look) {
+        free(ops);
+        free_held(held, n);
+        mg_fail(j, "out of memory");
+        return -1;
     }
     for (int pass = 0; pass < 2 && n; pass++) {
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
             if (!docs[i]) continue;
-            mg_cas_init(j->s, &ops[k++], docs[i], "d", del ? NULL : upd_kick(docs[i], now, pass == 0));
+            mg_cas_init(j->s, &ops[k++], docs[i], "d",
+                        del ? NULL : upd_kick(docs[i], now, pass == 0, held[i]));
         }
         if (mg_cas_run(j, c, j->s->base.table, ops, k, now) < 0) {
             mg_cas_free(ops, k);
+            free_held(held, n);
+            free_held(look, nlook);
             return -1;
         }
         /* the entries again now that they are live (mg_requeue says why), one batch */
@@ -365,7 +433,7 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         for (size_t i = 0, m = 0; qc && i < n; i++) {
             char hex[25];
             if (!docs[i]) continue;
-            if (ops[m++].won && mg_doc_oid(docs[i], hex))
+            if (ops[m++].won && !held[i] && mg_doc_oid(docs[i], hex))
                 mg_qb_put(&qb, hex, mg_doc_str(docs[i], "topic"), MG_REQUEUE_AFTER_G(now),
                           kick_due(docs[i], now), now);
         }
@@ -373,12 +441,17 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         if (qc) mongoc_collection_destroy(qc);
         if (qr < 0) {
             mg_cas_free(ops, k);    /* (frees the array too) */
+            free_held(held, n);
+            free_held(look, nlook);
             return -1;
         }
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             if (!docs[i]) continue;
             if (ops[m].won) won++;
+            char hex[25];
+            if (ops[m].won && held[i] && mg_doc_oid(docs[i], hex) && (look[nlook] = rb_strdup(hex)))
+                nlook++;
             if (ops[m].won || ops[m].code != 11000) {   /* done with it, unless dedupe refused */
                 bson_destroy(docs[i]);
                 docs[i] = NULL;
@@ -389,6 +462,10 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         memset(ops, 0, n * sizeof *ops);
     }
     free(ops);
+    free_held(held, n);
+    /* the one it is held behind may have settled before the kick landed (groups.c) */
+    if (nlook) mg_deps_after_write(j, c, MG_DEPS_EVAL, look, nlook);
+    free_held(look, nlook);
     return won;
 }
 

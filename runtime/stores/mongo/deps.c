@@ -170,10 +170,82 @@ static bson_t *upd_held(const bson_t *cur, const char *why, size_t live, char *c
         BSON_APPEND_UTF8(&un, "waiting", "");
         BSON_APPEND_UTF8(&un, "after", "");
         BSON_APPEND_UTF8(&un, "held_run_at", "");
+        BSON_APPEND_UTF8(&un, "gprev", "");     /* released: nothing before it is live */
         if (why) BSON_APPEND_UTF8(&un, "dedupe", "");
         bson_append_document_end(u, &un);
     }
     return u;
+}
+
+/* FerretDB: the entry a held delivery's enqueue wrote at 1e300 goes once it is released or
+ * cancelled: no claim would read it before the end of time, and the head's moves would carry
+ * it on forever. */
+static void drop_held_entry(mjob *j, mongoc_client_t *c, const char *id)
+{
+    if (!j->s->ferret) return;
+    mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
+    qbatch qb;
+    mg_qb_init(&qb, qc);
+    mg_qb_drop(&qb, id, 0);
+    mg_qb_run(j, &qb, 0);
+    mongoc_collection_destroy(qc);
+}
+
+/* A held delivery's release: due at its own run_at (an entry there first and after on
+ * FerretDB, mg_requeue), its entry at the end of time gone. 1 won, 0 lost, -1 j failed. */
+static int release_held(mjob *j, mongoc_client_t *c, const bson_t *d, const char *id, bson_t *upd,
+                        double now)
+{
+    int requeue = j->s->ferret, r = 0, won = 0;
+    double own = mg_doc_num(d, "held_run_at");
+    if (requeue) r = mg_requeue(j, c, id, mg_doc_str(d, "topic"), own, now, 0);
+    cas_op op;
+    memset(&op, 0, sizeof op);
+    if (r == 0) {
+        mg_cas_init(j->s, &op, d, "d", upd);
+        upd = NULL;
+        r = mg_cas_run(j, c, j->s->base.table, &op, 1, now);
+        won = op.won;
+        mg_cas_clear(&op);
+    }
+    if (upd) bson_destroy(upd);
+    if (r == 0 && won && requeue) r = mg_requeue(j, c, id, mg_doc_str(d, "topic"), own, now, 1);
+    if (r == 0 && won) drop_held_entry(j, c, id);
+    return r < 0 ? -1 : won;
+}
+
+/* A delivery held behind the one before it in its group (groups.c): released when nothing
+ * before it is live, else held behind the live one (a new one when the one it named settled
+ * while held itself). 1 done (or nothing to do), 0 lost to another write, -1 j failed. */
+static int eval_grouped(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const bson_t *d,
+                        const char *id)
+{
+    const char *prev = mg_doc_str(d, "gprev");
+    char *live = NULL;
+    if (mg_group_live_prev(j, cl, id, prev, &live) < 0) return -1;
+    if (live && prev && !strcmp(live, prev)) {
+        free(live);
+        return 1;                       /* still behind the live one it names */
+    }
+    double now = mg_now(j->s);
+    int r;
+    if (live) {
+        /* its marker first: that one's settle must find this one */
+        r = mg_deps_mark(j, c, &live, 1, id, now);
+        if (r == 0) {
+            cas_op op;
+            memset(&op, 0, sizeof op);
+            mg_cas_init(j->s, &op, d, "d", BCON_NEW("$set", "{", "gprev", BCON_UTF8(live), "v",
+                                                    BCON_INT64(mg_doc_int(d, "v") + 1), "}"));
+            r = mg_cas_run(j, c, j->s->base.table, &op, 1, now);
+            if (r == 0) r = op.won;
+            mg_cas_clear(&op);
+        }
+    } else {
+        r = release_held(j, c, d, id, upd_held(d, NULL, 0, NULL, NULL, 0, now), now);
+    }
+    free(live);
+    return r;
 }
 
 /* Evaluates the held delivery `id` against its dependencies now; 1 when it was cancelled (the
@@ -185,6 +257,14 @@ static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const 
         bson_t *d = mg_find_by_id(j, cl, id, &failed);
         if (failed) return -1;
         const char *st = d ? mg_doc_str(d, "status") : NULL;
+        if (st && !strcmp(st, "pending") && bson_has_field(d, "gprev")) {
+            int won = eval_grouped(j, c, cl, d, id);
+            bson_destroy(d);
+            if (won < 0) return -1;
+            if (won) return 0;
+            mg_lost_wait(round);
+            continue;
+        }
         bson_iter_t it;
         if (!st || strcmp(st, "pending") || !bson_iter_init_find(&it, d, "waiting")) {
             if (d) bson_destroy(d);
@@ -213,29 +293,19 @@ static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const 
         int r = 0, won = 1;
         if (!unchanged) {
             double now = mg_now(j->s);
-            int requeue = j->s->ferret && v == DEP_DONE;     /* released: due at its time */
-            if (requeue)
-                r = mg_requeue(j, c, id, mg_doc_str(d, "topic"), mg_doc_num(d, "held_run_at"), now, 0);
-            cas_op op;
-            memset(&op, 0, sizeof op);
-            if (r == 0) {
-                mg_cas_init(j->s, &op, d, "d", upd_held(d, v == DEP_FAILED ? why : NULL,
-                                                       v == DEP_LIVE ? live : 0, ids, deps, n, now));
+            bson_t *u = upd_held(d, v == DEP_FAILED ? why : NULL, v == DEP_LIVE ? live : 0, ids,
+                                 deps, n, now);
+            if (v == DEP_DONE) {
+                r = release_held(j, c, d, id, u, now);
+                won = r > 0;
+            } else {
+                cas_op op;
+                memset(&op, 0, sizeof op);
+                mg_cas_init(j->s, &op, d, "d", u);
                 r = mg_cas_run(j, c, j->s->base.table, &op, 1, now);
                 won = op.won;
                 mg_cas_clear(&op);
-            }
-            if (r == 0 && won && requeue)
-                r = mg_requeue(j, c, id, mg_doc_str(d, "topic"), mg_doc_num(d, "held_run_at"), now, 1);
-            if (r == 0 && won && j->s->ferret && v != DEP_LIVE) {
-                /* the entry its enqueue wrote at 1e300 goes: no claim would read it before
-                 * the end of time, and the head's moves would carry it on forever */
-                mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
-                qbatch qb;
-                mg_qb_init(&qb, qc);
-                mg_qb_drop(&qb, id, 0);
-                mg_qb_run(j, &qb, 0);
-                mongoc_collection_destroy(qc);
+                if (r == 0 && won && v == DEP_FAILED) drop_held_entry(j, c, id);
             }
         }
         free_docs(deps, n);
@@ -364,8 +434,18 @@ static int deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n,
         BSON_APPEND_UTF8(&sel, "_id", ids[i]);
         markers[i] = mg_find_one(j, mk, &sel, NULL, &failed);
         bson_destroy(&sel);
-        if (failed) r = -1;
-        else if (markers[i]) r = dependents_of(j, cl, ids[i], &after);
+        if (failed || !markers[i]) {
+            r = failed ? -1 : 0;
+            continue;
+        }
+        const char *gnext = mg_doc_str(markers[i], "gnext");
+        if (gnext && !idlist_add(&after, gnext)) {
+            mg_fail(j, MG_OOM);
+            r = -1;
+        }
+        /* (a marker from before groups has neither: searched too) */
+        if (r == 0 && (!gnext || bson_has_field(markers[i], "deps")))
+            r = dependents_of(j, cl, ids[i], &after);
     }
     mongoc_collection_destroy(cl);
     if (r == 0 && after.n) r = mg_deps_eval(j, c, after.v, after.n);
@@ -387,7 +467,8 @@ static int deps_settled(mjob *j, mongoc_client_t *c, char *const *ids, size_t n,
     return r;
 }
 
-int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double now)
+int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, const char *gnext,
+                 double now)
 {
     if (!n) return 0;
     pthread_mutex_lock(&j->s->mu);
@@ -407,6 +488,12 @@ int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double
         BSON_APPEND_DOCUMENT_BEGIN(&upd, "$unset", &un);
         BSON_APPEND_UTF8(&un, "looked_at", "");
         bson_append_document_end(&upd, &un);
+        /* who is after it: the one of its group (one writer: the group's tail moved through
+         * a versioned write), or deliveries whose `after` names it, found by a search */
+        BSON_APPEND_DOCUMENT_BEGIN(&upd, "$set", &soi);
+        if (gnext) BSON_APPEND_UTF8(&soi, "gnext", gnext);
+        else BSON_APPEND_BOOL(&soi, "deps", true);
+        bson_append_document_end(&upd, &soi);
         bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
         if (!mongoc_collection_update_one(mk, &sel, &upd, opts, NULL, &e) && e.code != 11000) {
             mg_fail_bson(j, "dependencies: marker", &e);
@@ -451,7 +538,9 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
     for (size_t i = 0; r == 0 && i < n; i++) {
         const char *st = deps[i] ? mg_doc_str(deps[i], "status") : NULL;
         if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) continue;
-        double at = deps[i] ? mg_doc_num(deps[i], "settled_at") : 0;
+        /* (one gone counts from its marker: the marker of a group's predecessor in the same
+         * batch is written before that one is inserted) */
+        double at = deps[i] ? mg_doc_num(deps[i], "settled_at") : mg_doc_num(marks[i], "at");
         int last = at < now - DEPS_MARKER_KEEP_S;
         if (!last && looked[i]) continue;       /* its settler looked: nothing missed */
         if (!idlist_add(last ? &old : &settled, ids[i])) {

@@ -16,6 +16,7 @@ static void enq_free(enq_job *q)
         free((char *)q->items[i].topic);
         free((char *)q->items[i].payload);
         free((char *)q->items[i].key);
+        free((char *)q->items[i].group);
         for (size_t k = 0; q->items[i].after && k < q->items[i].nafter; k++)
             free((char *)q->items[i].after[k]);
         free((void *)q->items[i].after);
@@ -53,6 +54,7 @@ bson_t *mg_delivery_doc(const mstore *s, const rb_enqueue_item *it, double now, 
         if (dd) BSON_APPEND_UTF8(d, "dedupe", dd);
         free(dd);
     }
+    if (it->group) BSON_APPEND_UTF8(d, "group", it->group);
     BSON_APPEND_UTF8(d, "status", "pending");
     BSON_APPEND_INT32(d, "attempts", 0);
     BSON_APPEND_INT32(d, "max_attempts", it->max_attempts > 0 ? it->max_attempts : 25);
@@ -378,6 +380,57 @@ static int doc_with_deps(bson_t **d, const held *h, double now)
     return 1;
 }
 
+/* ---- ordered groups (groups.c has the rest) ---- */
+/* The document d held behind the live delivery `live` of its group. Replaces *d. */
+static void doc_grouped(bson_t **d, const char *live)
+{
+    bson_t *n = bson_new();
+    bson_iter_t it;
+    bson_iter_init(&it, *d);
+    while (bson_iter_next(&it))
+        if (strcmp(bson_iter_key(&it), "run_at")) bson_append_iter(n, NULL, 0, &it);
+    BSON_APPEND_DOUBLE(n, "run_at", MG_HELD_RUN_AT);
+    BSON_APPEND_DOUBLE(n, "held_run_at", mg_doc_num(*d, "run_at"));
+    BSON_APPEND_UTF8(n, "gprev", live);
+    bson_destroy(*d);
+    *d = n;
+}
+
+/* The grouped items to insert join their groups' tails; each whose predecessor is live (one
+ * of this batch is) is held behind it, with the predecessor's marker written first. */
+static int group_items(enq_job *q, mongoc_client_t *c, mongoc_collection_t *cl, bson_t **docs,
+                       const int *want, held_kind *holds, double now)
+{
+    mjob *j = &q->j;
+    size_t n = q->n, ng = 0;
+    for (size_t i = 0; i < n; i++) ng += want[i] && q->items[i].group;
+    if (!ng) return 0;
+    const char **groups = rb_calloc(n, sizeof *groups);
+    char **prev = rb_calloc(n, sizeof *prev);
+    int r = groups && prev ? 0 : -1;
+    if (r < 0) mg_fail(j, MG_OOM);
+    for (size_t i = 0; r == 0 && i < n; i++) groups[i] = want[i] ? q->items[i].group : NULL;
+    if (r == 0) r = mg_groups_link(j, c, groups, q->ids, n, prev);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        if (!prev[i]) continue;
+        char *live = NULL;
+        int ours = 0;       /* an earlier item of this batch: live once inserted */
+        for (size_t k = 0; k < i && !ours; k++) ours = want[k] && !strcmp(q->ids[k], prev[i]);
+        if (ours) live = rb_strdup(prev[i]);
+        else r = mg_group_live_prev(j, cl, q->ids[i], prev[i], &live);
+        if (ours && !live) { mg_fail(j, MG_OOM); r = -1; }
+        if (r == 0 && live && (r = mg_deps_mark(j, c, &live, 1, q->ids[i], now)) == 0) {
+            doc_grouped(&docs[i], live);
+            holds[i] = AFTER_HELD;
+        }
+        free(live);
+    }
+    for (size_t i = 0; prev && i < n; i++) free(prev[i]);
+    free(prev);
+    free(groups);
+    return r;
+}
+
 /* Plain (non-transactional) enqueue: one unordered insert; dedupe conflicts resolve to the
  * holder's id, retried when the holder settled in between. An item with replace whose key a
  * live delivery holds (one found so, or an earlier item of the batch) replaces it instead, in
@@ -413,11 +466,12 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             holds[i] = h.kind;
             if (h.kind != AFTER_DUE) doc_with_deps(&docs[i], &h, now);
             /* the markers before the delivery (deps.c) */
-            int r = h.kind == AFTER_HELD ? mg_deps_mark(j, c, h.live, h.nlive, now) : 0;
+            int r = h.kind == AFTER_HELD ? mg_deps_mark(j, c, h.live, h.nlive, NULL, now) : 0;
             held_clear(&h);
             if (r < 0) goto out;
         }
     }
+    if (group_items(q, c, cl, docs, want, holds, now) < 0) goto out;
     if (j->s->ferret && enq_entries(q, c, want, holds, now) < 0) goto out;
     int again = 0;
     for (int round = 0; round < 5; round++) {
@@ -529,11 +583,6 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
         const char *payload = items[i].payload ? items[i].payload : "null";
         if (!items[i].topic) {
             snprintf(err, errlen, "mongodb: enqueue: delivery %zu has no topic", i + 1);
-        } else if (items[i].group) {
-            /* (a claim here filters its candidates after the find, so blocked members of a
-             * group would crowd out the heads of others: groups wait for a store that can
-             * keep a group's head in the document, docs/stores.md) */
-            snprintf(err, errlen, "mongodb: ordered groups are not supported on this store yet");
         } else if (items[i].key && !rb_utf8_valid(items[i].key, strlen(items[i].key))) {
             /* (BSON strings are UTF-8: the server keeps such a key, then finds it by no query) */
             snprintf(err, errlen, "mongodb: enqueue: delivery %zu's key is not UTF-8", i + 1);
@@ -547,6 +596,7 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
             q->items[i].topic = rb_strdup(items[i].topic);
             q->items[i].payload = rb_strdup(payload);
             q->items[i].key = mg_dupstr(items[i].key);
+            q->items[i].group = mg_dupstr(items[i].group);
             q->items[i].after = NULL;
             q->items[i].nafter = 0;
             int after_ok = 1;
@@ -558,7 +608,7 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
                     if (!(a[k] = rb_strdup(items[i].after[k]))) { after_ok = 0; break; }
             }
             if (q->items[i].topic && q->items[i].payload && (q->items[i].key || !items[i].key) &&
-                after_ok)
+                (q->items[i].group || !items[i].group) && after_ok)
                 continue;
             snprintf(err, errlen, MG_OOM);
             i++;                /* its copies are freed with the others */

@@ -19,6 +19,7 @@
  *   topics.c    what operators set per topic: pause and resume, and what claims skip
  *   schedules.c durable schedules: made, listed, and their ticks fired
  *   deps.c      dependencies (after): held deliveries, released or cancelled as theirs settle
+ *   groups.c    ordered groups: each delivery held behind the one before it in its group
  *   enqueue.c, claim.c, settle.c, lease.c (named leases), tx.c (transactions, replica sets),
  *   admin.c (get, list, stats, kick, purge): the operations
  *   schema.c    migrate's collections and indexes, and the check without migrate
@@ -89,6 +90,7 @@ struct mstore {
     mongoc_client_pool_t *pool;
     char *db, *leases, *tickets, *queue, *topics, *schedules;
     char *deps;                 /* markers of dependencies (deps.c) */
+    char *groups;               /* ordered groups' tails (groups.c) */
     double deps_swept;          /* monotonic s of the last sweep of them (mu) */
     double deps_none_at;        /* monotonic s when a look found no marker at all (mu) */
     int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
@@ -260,8 +262,11 @@ int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_
 /* The documents of ids[0..n) (the store's hex ids) into out[i], NULL where missing. -1: j
  * failed. */
 int mg_read_by_ids(mjob *j, mongoc_collection_t *cl, char *const *ids, size_t n, bson_t **out);
-/* Marks ids[0..n) as dependencies with deliveries after them (before those are inserted). */
-int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, double now);
+/* Marks ids[0..n) as dependencies with deliveries after them (before those are inserted):
+ * with gnext NULL deliveries whose `after` names them, else the one grouped delivery gnext
+ * held behind them (groups.c). */
+int mg_deps_mark(mjob *j, mongoc_client_t *c, char *const *ids, size_t n, const char *gnext,
+                 double now);
 /* The held deliveries ids[0..n) evaluated now: released, cancelled (and those after them in
  * turn), or their count of live dependencies updated. */
 int mg_deps_eval(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
@@ -276,6 +281,18 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c);
 typedef enum { MG_DEPS_SETTLED, MG_DEPS_SWEEP, MG_DEPS_EVAL } mg_deps_look;
 void mg_deps_after_write(mjob *j, mongoc_client_t *c, mg_deps_look look, char *const *ids,
                          size_t n);
+
+/* ---- groups.c ---- */
+/* Links the grouped items of a batch (groups[i] non-NULL, ids[i] their ids) into their groups,
+ * in batch order: prev[i] (malloc'd) the id of the delivery before item i in its group, NULL
+ * for a group's first. -1: j failed (no prev set). */
+int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char *const *ids,
+                   size_t n, char **prev);
+/* The live delivery (pending or processing) a grouped delivery `self` held behind `prev` must
+ * wait for: prev, or the first live one before it through the settled ones held in turn; *out
+ * (malloc'd) NULL when none. -1: j failed. */
+int mg_group_live_prev(mjob *j, mongoc_collection_t *cl, const char *self, const char *prev,
+                       char **out);
 
 /* ---- url.c ---- */
 typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;

@@ -22,6 +22,7 @@ static void store_free(mstore *s)
     free(s->topics);
     free(s->schedules);
     free(s->deps);
+    free(s->groups);
     free(s->tickets);
     free(s->queue);
     rb_store_release_dispatch(&s->base);
@@ -149,10 +150,12 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     s->topics = rb_malloc(n);
     s->schedules = rb_malloc(n);
     s->deps = rb_malloc(n);
+    s->groups = rb_malloc(n);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->busy_mu, NULL);
     pthread_cond_init(&s->busy_cv, NULL);
     if (!s->base.table || !s->leases || !s->tickets || !s->queue || !s->topics || !s->schedules || !s->deps ||
+        !s->groups ||
         rb_hmap_reserve(&s->busy, 1024) != 0) {
         store_free(s);
         return NULL;
@@ -163,6 +166,7 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     snprintf(s->topics, n, "%s_topics", table);
     snprintf(s->schedules, n, "%s_schedules", table);
     snprintf(s->deps, n, "%s_deps", table);
+    snprintf(s->groups, n, "%s_groups", table);
     s->clock_checked = rb_monotonic();
     s->clock_offset = rb_wall_time() - rb_monotonic();   /* until the server tells its time */
     return s;

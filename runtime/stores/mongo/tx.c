@@ -130,11 +130,11 @@ void mg_tx_enqueue(rb_tx *tx, const rb_enqueue_item *items, size_t n, rb_ids_cb 
         return;
     }
     for (size_t i = 0; i < n; i++)
-        if (items[i].replace || items[i].nafter) {
+        if (items[i].replace || items[i].nafter || items[i].group) {
             /* (a transaction needs a replica set, where nothing here has run: docs/stores.md) */
-            cb(ud, items[i].replace
-                       ? "mongodb: replace in a transaction is not supported on this store yet"
-                       : "mongodb: after in a transaction is not supported on this store yet",
+            cb(ud, items[i].replace ? "mongodb: replace in a transaction is not supported on this store yet"
+                   : items[i].group ? "mongodb: a group in a transaction is not supported on this store yet"
+                                    : "mongodb: after in a transaction is not supported on this store yet",
                NULL, NULL, 0);
             return;
         }
