@@ -1447,6 +1447,94 @@ for _, entry in ipairs(S.list { dialects = true }) do
         end)
       end
 
+      -- (attacks: a held middle cancelled, a pending middle replaced, a whole topic cancelled
+      -- and the group used again, its last one purged, two processes
+      -- enqueueing into the same groups at once)
+      it("a cancelled middle of a group does not let the one after it start beside the head", function()
+        local a = assert(store:enqueue("gr.mid", { n = 1 }, { group = "g" }))
+        local b = assert(store:enqueue("gr.mid", { n = 2 }, { group = "g" }))
+        assert(store:enqueue("gr.mid", { n = 3 }, { group = "g" }))
+        local starts, running, most = {}, 0, 0
+        local d = H.dispatcher(store, { concurrency = 8 })
+        local stop = H.stopper(d)
+        d:handle("gr.mid", function(delivery, ctx)
+          running = running + 1
+          most = math.max(most, running)
+          starts[#starts + 1] = delivery.payload.n
+          if delivery.payload.n == 1 then
+            assert.is_true(assert(store:cancel(b)))
+            ctx:sleep(0.6)      -- the head runs on: 3 must wait for it
+          end
+          running = running - 1
+          if delivery.payload.n == 3 then stop() end
+        end)
+        assert.is_true((H.run(d, 15)))
+        assert.same({ 1, 3 }, starts)
+        assert.equal(1, most)
+        expect(store, a, { status = "completed" })
+        expect(store, b, { status = "cancelled" })
+      end)
+
+      it("a replaced delivery of a group keeps its place; a group whose topic was cancelled runs what comes next", function()
+        assert(store:enqueue("gr.rp", { n = 1 }, { group = "g" }))
+        local b = assert(store:enqueue("gr.rp", { n = 2 }, { group = "g", key = "k" }))
+        assert(store:enqueue("gr.rp", { n = 3 }, { group = "g" }))
+        local again = assert(store:enqueue("gr.rp", { n = 20 }, { group = "g", key = "k", replace = true }))
+        assert.equal(b, again)
+        local order, most = run_groups("gr.rp", 3)
+        assert.same({ 1, 20, 3 }, order.g)
+        assert.equal(1, most.g)
+        -- every live one of the topic cancelled: the group's next delivery is its head
+        for i = 1, 3 do assert(store:enqueue("gr.cx", { n = i }, { group = "g" })) end
+        assert.equal(3, assert(store:cancel { topic = "gr.cx" }))
+        assert(store:enqueue("gr.cx", { n = 4 }, { group = "g" }))
+        assert(store:enqueue("gr.cx", { n = 5 }, { group = "g" }))
+        order = run_groups("gr.cx", 2)
+        assert.same({ 4, 5 }, order.g)
+      end)
+
+      it("a group whose last delivery completed and was purged takes the next one at once", function()
+        assert(store:enqueue("gr.pg", { n = 1 }, { group = "g" }))
+        local order = run_groups("gr.pg", 1)
+        assert.same({ 1 }, order.g)
+        assert.equal(1, assert(store:purge { status = "completed" }))
+        local b = assert(store:enqueue("gr.pg", { n = 2 }, { group = "g" }))
+        assert.equal(1, assert(store:stats()).due)
+        order = run_groups("gr.pg", 1)
+        assert.same({ 2 }, order.g)
+        expect(store, b, { status = "completed" })
+      end)
+
+      it("two processes enqueueing into the same groups at once: none left behind, none two at once, each one's order kept", function()
+        local N = 60
+        local logs, procs = {}, {}
+        for k, tag in ipairs { "x", "y" } do
+          logs[k] = S.tmpfile("genq")
+          procs[k] = S.spawn(S.support .. "/group_enqueuer.lua", { url, tbl or "-", logs[k], tag, N })
+        end
+        local running, most, seen, done = {}, 0, {}, 0
+        local d = H.dispatcher(store, { concurrency = 8 })
+        local stop = H.stopper(d)
+        d:handle("gq", function(delivery, ctx)
+          local g, p = delivery.group, delivery.payload
+          running[g] = (running[g] or 0) + 1
+          most = math.max(most, running[g])
+          seen[g .. p.p] = seen[g .. p.p] or {}
+          table.insert(seen[g .. p.p], p.i)
+          ctx:sleep(0.002)
+          running[g] = running[g] - 1
+          done = done + 1
+          if done == 2 * N then stop() end
+        end)
+        assert.is_true((H.run(d, 60)), "not every delivery ran: " .. done .. " of " .. 2 * N)
+        for k = 1, 2 do assert.equal(0, S.wait_exit(procs[k], 20)) end
+        assert.equal(1, most)
+        for key, list in pairs(seen) do
+          for j = 2, #list do assert.is_true(list[j - 1] < list[j], key .. " out of order") end
+        end
+        assert.equal(2 * N, assert(store:stats()).completed)
+      end)
+
       it("enqueues into groups while their heads complete leave none behind, and keep each group's order", function()
         local N, G = 150, 5
         local d = H.dispatcher(store, { concurrency = 8 })

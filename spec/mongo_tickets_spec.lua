@@ -11,29 +11,8 @@ local relaybus = S.relaybus()
 local WORKER = S.support .. "/worker.lua"
 local STALE = 120   -- seconds: well past STALE_TICKET_S
 
-local function inserter()
-  local bin = S.build .. "/mongo_insert"
-  if not S.exists(bin) then
-    -- built by `make examples`; compiled here too so the spec also runs on a bare build directory
-    local ok = os.execute("cc -std=c11 -D_GNU_SOURCE -O2 -o " .. S.quote(bin) ..
-                          " spec/support/mongo_insert.c $(pkg-config --cflags --libs libmongoc-1.0)")
-    assert(ok, "cannot build " .. bin)
-  end
-  return bin
-end
-
--- Inserts the documents (Lua tables of strings and numbers) into the collection.
-local function insert(url, collection, docs)
-  local lines = {}
-  for _, d in ipairs(docs) do lines[#lines + 1] = relaybus.json.encode(d) end
-  local path = S.tmpfile("docs") .. ".jsonl"
-  S.write(path, table.concat(lines, "\n") .. "\n")
-  url = url:gsub("([?&])dialect=%a+&?", "%1"):gsub("[?&]$", "")   -- the store's own option
-  local code, out, err = S.run_command({ "sh", "-c", S.quote(inserter()) .. " " .. S.quote(url) ..
-    " " .. S.quote(collection) .. " < " .. S.quote(path) })
-  assert(code == 0, "mongo_insert: " .. err)
-  assert.equal(#docs, tonumber(out), "mongo_insert inserted " .. out)
-end
+local P = require "spec.support.mongo_plant"
+local insert = P.insert
 
 -- The ticket a writer of version v + 1 of delivery `id` takes (cas_init), taken at `at`
 -- (the store's clock: the server's, here the same machine's wall clock). A float, as the

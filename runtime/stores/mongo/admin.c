@@ -355,18 +355,38 @@ static int kick_groups(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, dou
         any = 1;
     }
     if (r == 0 && any) r = mg_groups_link(j, c, groups, ids, n, prev);
-    mongoc_collection_t *cl = r == 0 && any ? mg_coll(j->s, c, j->s->base.table) : NULL;
-    for (size_t i = 0; cl && r == 0 && i < n; i++) {
+    for (size_t i = 0; any && r == 0 && i < n; i++) {
         if (!prev[i]) continue;
-        r = mg_group_live_prev(j, cl, ids[i], prev[i], &held[i]);
+        int ours = 0;       /* kicked in this batch too: live once its kick lands */
+        for (size_t k = 0; k < i && !ours; k++) ours = ids[k] && !strcmp(ids[k], prev[i]);
+        if (ours && !(held[i] = rb_strdup(prev[i]))) { mg_fail(j, MG_OOM); r = -1; }
+        if (!ours) r = mg_group_live_prev(j, c, groups[i], ids[i], prev[i], &held[i]);
         if (r == 0 && held[i]) r = mg_deps_mark(j, c, &held[i], 1, ids[i], now);
     }
-    if (cl) mongoc_collection_destroy(cl);
     for (size_t i = 0; i < n; i++) {
         if (ids) free(ids[i]);
         if (prev) free(prev[i]);
     }
     free(ids); free(prev); free(groups);
+    return r;
+}
+
+/* Grouped deliveries about to be deleted are marked gone first: a later one of the group
+ * then need not wait for them (groups.c). -1: j failed. */
+static int delete_groups(mjob *j, mongoc_client_t *c, bson_t *const *docs, size_t n)
+{
+    char **ids = rb_calloc(n ? n : 1, sizeof *ids);
+    size_t m = 0;
+    int r = ids ? 0 : -1;
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        char hex[25];
+        if (!docs[i] || !bson_has_field(docs[i], "group") || !mg_doc_oid(docs[i], hex)) continue;
+        if (!(ids[m] = rb_strdup(hex))) r = -1;
+        else m++;
+    }
+    if (r < 0) mg_fail(j, MG_OOM);
+    if (r == 0 && m) r = mg_groups_gone(j, c, ids, m);
+    free_held(ids, m);
     return r;
 }
 
@@ -381,6 +401,11 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         return -1;
     }
     if (!del && kick_groups(j, c, docs, n, now, held) < 0) {
+        free(ops);
+        free_held(held, n);
+        return -1;
+    }
+    if (del && delete_groups(j, c, docs, n) < 0) {
         free(ops);
         free_held(held, n);
         return -1;

@@ -217,12 +217,11 @@ static int release_held(mjob *j, mongoc_client_t *c, const bson_t *d, const char
 /* A delivery held behind the one before it in its group (groups.c): released when nothing
  * before it is live, else held behind the live one (a new one when the one it named settled
  * while held itself). 1 done (or nothing to do), 0 lost to another write, -1 j failed. */
-static int eval_grouped(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const bson_t *d,
-                        const char *id)
+static int eval_grouped(mjob *j, mongoc_client_t *c, const bson_t *d, const char *id)
 {
     const char *prev = mg_doc_str(d, "gprev");
     char *live = NULL;
-    if (mg_group_live_prev(j, cl, id, prev, &live) < 0) return -1;
+    if (mg_group_live_prev(j, c, mg_doc_str(d, "group"), id, prev, &live) < 0) return -1;
     if (live && prev && !strcmp(live, prev)) {
         free(live);
         return 1;                       /* still behind the live one it names */
@@ -258,7 +257,7 @@ static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const 
         if (failed) return -1;
         const char *st = d ? mg_doc_str(d, "status") : NULL;
         if (st && !strcmp(st, "pending") && bson_has_field(d, "gprev")) {
-            int won = eval_grouped(j, c, cl, d, id);
+            int won = eval_grouped(j, c, d, id);
             bson_destroy(d);
             if (won < 0) return -1;
             if (won) return 0;

@@ -4,6 +4,7 @@
 #include <string.h>
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
+#include "util/log.h"
 #include "util/text.h"
 
 /* What an item's dependencies make of its document: due as usual (none live), held behind
@@ -98,7 +99,7 @@ long mg_same_key_before(const rb_enqueue_item *items, size_t i)
 }
 
 /* Undo for "all or none": deletes what this batch inserted. */
-static void enq_undo(mongoc_collection_t *cl, bson_t **docs, const int *inserted, size_t n)
+static void enq_undo(mongoc_collection_t *cl, bson_t **docs, int *inserted, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (!inserted[i] || !docs[i]) continue;
@@ -107,6 +108,7 @@ static void enq_undo(mongoc_collection_t *cl, bson_t **docs, const int *inserted
         if (bson_iter_init_find(&it, docs[i], "_id")) bson_append_iter(&sel, "_id", -1, &it);
         mongoc_collection_delete_one(cl, &sel, NULL, NULL, NULL);
         bson_destroy(&sel);
+        inserted[i] = 0;
     }
 }
 
@@ -398,8 +400,8 @@ static void doc_grouped(bson_t **d, const char *live)
 
 /* The grouped items to insert join their groups' tails; each whose predecessor is live (one
  * of this batch is) is held behind it, with the predecessor's marker written first. */
-static int group_items(enq_job *q, mongoc_client_t *c, mongoc_collection_t *cl, bson_t **docs,
-                       const int *want, held_kind *holds, double now)
+static int group_items(enq_job *q, mongoc_client_t *c, bson_t **docs, const int *want,
+                       held_kind *holds, double now)
 {
     mjob *j = &q->j;
     size_t n = q->n, ng = 0;
@@ -417,9 +419,10 @@ static int group_items(enq_job *q, mongoc_client_t *c, mongoc_collection_t *cl, 
         int ours = 0;       /* an earlier item of this batch: live once inserted */
         for (size_t k = 0; k < i && !ours; k++) ours = want[k] && !strcmp(q->ids[k], prev[i]);
         if (ours) live = rb_strdup(prev[i]);
-        else r = mg_group_live_prev(j, cl, q->ids[i], prev[i], &live);
+        else r = mg_group_live_prev(j, c, q->items[i].group, q->ids[i], prev[i], &live);
         if (ours && !live) { mg_fail(j, MG_OOM); r = -1; }
-        if (r == 0 && live && (r = mg_deps_mark(j, c, &live, 1, q->ids[i], now)) == 0) {
+        if (r == 0 && live) r = mg_deps_mark(j, c, &live, 1, q->ids[i], now);
+        if (r == 0 && live) {
             doc_grouped(&docs[i], live);
             holds[i] = AFTER_HELD;
         }
@@ -429,6 +432,33 @@ static int group_items(enq_job *q, mongoc_client_t *c, mongoc_collection_t *cl, 
     free(prev);
     free(groups);
     return r;
+}
+
+/* The items linked into their groups that are not in (a dedupe found their key's holder,
+ * the enqueue failed) are marked gone, and the deliveries after them looked at: they need not
+ * wait for them (groups.c). j's outcome stays what it was. */
+static void forget_linked(enq_job *q, mongoc_client_t *c, bson_t **docs, const int *linked,
+                          const int *ins)
+{
+    mjob *j = &q->j;
+    char kept[ERRLEN];
+    memcpy(kept, j->err, sizeof kept);
+    j->err[0] = 0;
+    char **gone = rb_calloc(q->n ? q->n : 1, sizeof *gone);
+    size_t ng = 0;
+    for (size_t i = 0; gone && i < q->n; i++) {
+        char hex[25];
+        if (linked[i] && !ins[i] && docs[i] && mg_doc_oid(docs[i], hex) && (gone[ng] = rb_strdup(hex)))
+            ng++;
+    }
+    if (ng && mg_groups_gone(j, c, gone, ng) == 0)
+        mg_deps_after_write(j, c, MG_DEPS_SETTLED, gone, ng);
+    else if (ng || !gone)
+        rb_log(RB_LOG_WARN, "mongodb: groups: %s (the ones after wait %.0f s)",
+               j->err[0] ? j->err : "out of memory", GROUP_GRACE_S);
+    for (size_t i = 0; i < ng; i++) free(gone[i]);
+    free(gone);
+    memcpy(j->err, kept, sizeof kept);
 }
 
 /* Plain (non-transactional) enqueue: one unordered insert; dedupe conflicts resolve to the
@@ -444,10 +474,11 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     bson_t **docs = rb_calloc(n, sizeof *docs);
     int *want = rb_calloc(n, sizeof *want), *ins = rb_calloc(n, sizeof *ins), *dup = rb_calloc(n, sizeof *dup);
     int *replaced = rb_calloc(n, sizeof *replaced);
+    int *linked = rb_calloc(n, sizeof *linked);     /* linked into its group (groups.c) */
     held_kind *holds = rb_calloc(n, sizeof *holds);     /* (calloc: AFTER_DUE) */
     q->ids = rb_calloc(n, sizeof *q->ids);
     q->kept = rb_calloc(n, sizeof *q->kept);
-    if (!docs || !want || !ins || !dup || !replaced || !holds || !q->ids || !q->kept) {
+    if (!docs || !want || !ins || !dup || !replaced || !linked || !holds || !q->ids || !q->kept) {
         mg_fail(j, "out of memory");
         goto out;
     }
@@ -471,7 +502,8 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             if (r < 0) goto out;
         }
     }
-    if (group_items(q, c, cl, docs, want, holds, now) < 0) goto out;
+    for (size_t i = 0; i < n; i++) linked[i] = want[i] && q->items[i].group;
+    if (group_items(q, c, docs, want, holds, now) < 0) goto out;
     if (j->s->ferret && enq_entries(q, c, want, holds, now) < 0) goto out;
     int again = 0;
     for (int round = 0; round < 5; round++) {
@@ -529,17 +561,35 @@ static void enq_work(mjob *j, mongoc_client_t *c)
         if (r < 0) goto out;     /* (what it replaced stays: a replace is not undone) */
         if (r == REPLACE_KEPT) q->kept[i] = 1;
         if (r == REPLACE_GONE) {
-            /* settled since it was found: the key is free again, as if none had been */
+            /* settled since it was found: the key is free again, as if none had been. Its own
+             * document goes in (made, linked into its group and queued above), or, for a
+             * later item of a key the batch had, a new one */
             char hex[25];
-            bson_t *doc = mg_delivery_doc(q->j.s, &q->items[i], mg_now(j->s), hex);
-            int one = 1, got = 0, isdup = 0;
+            int own = docs[i] != NULL, one = 1, got = 0, isdup = 0;
+            if (!own) {
+                docs[i] = mg_delivery_doc(q->j.s, &q->items[i], mg_now(j->s), hex);
+            } else if (!mg_doc_oid(docs[i], hex)) {
+                mg_fail(j, "enqueue: a document without its id");
+                goto out;
+            }
             free(q->ids[i]);
-            q->ids[i] = rb_strdup(hex);
-            int bad = !q->ids[i] ||
-                      (j->s->ferret && mg_enq_entry(j, c, hex, &q->items[i], mg_now(j->s)) < 0) ||
-                      enq_insert(j, cl, &doc, &one, &got, &isdup, 1) < 0;
-            bson_destroy(doc);
-            if (!q->ids[i] && !j->err[0]) mg_fail(j, "out of memory");
+            if (!(q->ids[i] = rb_strdup(hex))) {
+                mg_fail(j, "out of memory");
+                goto out;
+            }
+            if (!own && q->items[i].group) {
+                int *only = rb_calloc(n, sizeof *only);
+                if (only) only[i] = linked[i] = 1;
+                int gr = only ? group_items(q, c, docs, only, holds, mg_now(j->s)) : -1;
+                free(only);
+                if (gr < 0) {
+                    if (!j->err[0]) mg_fail(j, "out of memory");
+                    goto out;
+                }
+            }
+            int bad = (j->s->ferret && !own && mg_enq_entry(j, c, hex, &q->items[i], mg_now(j->s)) < 0) ||
+                      enq_insert(j, cl, &docs[i], &one, &got, &isdup, 1) < 0;
+            if (got) ins[i] = 1;
             if (bad) goto out;
             if (isdup) {
                 mg_fail(j, "enqueue: a replace found its delivery settled and another then took the key");
@@ -552,9 +602,10 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     for (size_t i = 0; i < n; i++)
         if (holds[i] == AFTER_HELD && ins[i]) mg_deps_after_write(j, c, MG_DEPS_EVAL, &q->ids[i], 1);
 out:
+    if (linked) forget_linked(q, c, docs, linked, ins);
     for (size_t i = 0; docs && i < n; i++)
         if (docs[i]) bson_destroy(docs[i]);
-    free(docs); free(want); free(ins); free(dup); free(replaced); free(holds);
+    free(docs); free(want); free(ins); free(dup); free(replaced); free(linked); free(holds);
     mongoc_collection_destroy(cl);
 }
 

@@ -4,7 +4,7 @@
  * held deliveries of deps.c:
  *
  *  - <table>_groups keeps one document per group ({_id: sha-256 of the name, tail: the id of
- *    the group's last delivery}). An enqueue moves the tail to its delivery through the
+ *    the group's last delivery, recent: the last tails}). An enqueue moves the tail to its delivery through the
  *    versioned write every change takes (tickets.c), so two enqueues into one group at once
  *    line up: each delivery gets exactly one predecessor, `gprev`.
  *  - A delivery whose predecessor is live (pending or processing) is held behind it (run_at
@@ -17,6 +17,11 @@
  *    itself (cancelled) still has its own gprev: the look goes back through it, so the one
  *    after a cancelled middle waits for the head that still runs.
  *  - A kicked grouped delivery joins its group again at the tail, like a new one.
+ *  - The link comes before the insert, so a later enqueue may find its predecessor not there
+ *    yet: for GROUP_GRACE_S after its id was made it counts as live, unless marked gone (an
+ *    enqueue that will not insert it after all, a delete: mg_groups_gone). After that, or
+ *    when gone, the look goes on to the one it was linked behind (the group document keeps
+ *    its last RECENT_MAX tails in order).
  * The enqueue's look after its insert, the settles' looks and the sweep are deps.c's. */
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -28,6 +33,7 @@
 
 #define LINK_ROUNDS 10      /* versioned writes of one group's tail lost in a row, at most */
 #define CHAIN_LOOK_MAX 100000   /* settled predecessors a look goes back through, at most */
+#define RECENT_MAX 64       /* the tails a group document remembers */
 
 /* The group document's _id: the SHA-256 of the name in hex (a name is up to 512 bytes; a
  * ticket names its document's _id in at most 120). */
@@ -81,6 +87,39 @@ static int member_cmp(const void *a, const void *b)
     return c ? c : (x->i > y->i) - (x->i < y->i);
 }
 
+/* The group document's `recent`: its last RECENT_MAX tails, oldest first, so a look back
+ * from one whose predecessor never came in finds the one before that (may_come). Into arr: the
+ * document's, then ids of members m[from..to). */
+static void recent_append(bson_t *arr, const bson_t *gdoc, char *const *ids, const member *m,
+                          size_t from, size_t to)
+{
+    const char *old[RECENT_MAX];
+    size_t nold = 0, nnew = to - from, k = 0;
+    bson_iter_t it, sub;
+    if (bson_iter_init_find(&it, gdoc, "recent") && BSON_ITER_HOLDS_ARRAY(&it) &&
+        bson_iter_recurse(&it, &sub))
+        while (bson_iter_next(&sub))
+            if (BSON_ITER_HOLDS_UTF8(&sub)) {
+                if (nold == RECENT_MAX) {
+                    memmove(old, old + 1, (RECENT_MAX - 1) * sizeof *old);
+                    nold--;
+                }
+                old[nold++] = bson_iter_utf8(&sub, NULL);
+            }
+    size_t skip_old = nold + nnew > RECENT_MAX ? nold + nnew - RECENT_MAX : 0;
+    for (size_t i = skip_old; i < nold; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "%zu", k++);
+        BSON_APPEND_UTF8(arr, key, old[i]);
+    }
+    size_t skip_new = nnew > RECENT_MAX ? nnew - RECENT_MAX : 0;
+    for (size_t x = from + skip_new; x < to; x++) {
+        char key[24];
+        snprintf(key, sizeof key, "%zu", k++);
+        BSON_APPEND_UTF8(arr, key, ids[m[x].i]);
+    }
+}
+
 int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char *const *ids,
                    size_t n, char **prev)
 {
@@ -115,8 +154,14 @@ int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char 
             if (done[k]) continue;
             if (!(docs[k] = group_doc(j, gc, gid[k], now))) { r = -1; break; }
             const char *tail = ids[m[start[k + 1] - 1].i];
-            bson_t *u = BCON_NEW("$set", "{", "tail", BCON_UTF8(tail), "v",
-                                 BCON_INT64(mg_doc_int(docs[k], "v") + 1), "}");
+            bson_t *u = bson_new(), set, arr;
+            BSON_APPEND_DOCUMENT_BEGIN(u, "$set", &set);
+            BSON_APPEND_UTF8(&set, "tail", tail);
+            BSON_APPEND_INT64(&set, "v", mg_doc_int(docs[k], "v") + 1);
+            BSON_APPEND_ARRAY_BEGIN(&set, "recent", &arr);
+            recent_append(&arr, docs[k], ids, m, start[k], start[k + 1]);
+            bson_append_array_end(&set, &arr);
+            bson_append_document_end(u, &set);
             mg_cas_init(j->s, &ops[nops], docs[k], "g", u);
             opk[nops++] = k;
         }
@@ -150,35 +195,176 @@ int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char 
     return r;
 }
 
-int mg_group_live_prev(mjob *j, mongoc_collection_t *cl, const char *self, const char *prev,
-                       char **out)
+/* ---- the look back through a group ---- */
+/* A worklist of ids, each taken once. */
+typedef struct walk {
+    char **v;
+    size_t n, next, cap;
+} walk;
+
+static int walk_add(walk *w, const char *id)
+{
+    for (size_t i = 0; i < w->n; i++) if (!strcmp(w->v[i], id)) return 1;
+    if (w->n == w->cap) {
+        size_t nc = w->cap ? 2 * w->cap : 8;
+        char **g = rb_realloc(w->v, nc * sizeof *g);
+        if (!g) return 0;
+        w->v = g;
+        w->cap = nc;
+    }
+    if (!(w->v[w->n] = rb_strdup(id))) return 0;
+    w->n++;
+    return 1;
+}
+
+static void walk_free(walk *w)
+{
+    for (size_t i = 0; i < w->n; i++) free(w->v[i]);
+    free(w->v);
+}
+
+/* Whether a missing delivery may still be inserted: its enqueue linked it into its group
+ * before the insert, so for GROUP_GRACE_S after its id was made (ObjectIds carry their time)
+ * it counts as live, unless it was marked gone (an enqueue that will not insert it, a delete).
+ * 1 may come, 0 never, -1 j failed. */
+static int may_come(mjob *j, mongoc_collection_t *gc, const char *id, double now)
+{
+    bson_oid_t oid;
+    if (!mg_parse_oid(id, &oid) || (double)bson_oid_get_time_t(&oid) < now - GROUP_GRACE_S)
+        return 0;
+    char key[40];
+    snprintf(key, sizeof key, "gone:%s", id);
+    bson_t sel = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&sel, "_id", key);
+    int failed = 0;
+    bson_t *d = mg_find_one(j, gc, &sel, NULL, &failed);
+    bson_destroy(&sel);
+    if (d) bson_destroy(d);
+    return failed ? -1 : d == NULL;
+}
+
+/* The one a missing delivery was linked behind: the tail before it in its group's `recent`
+ * (none when it is the oldest there, or not there: RECENT_MAX links ago). */
+static int linked_behind(mjob *j, mongoc_collection_t *gc, const char *group, const char *id,
+                         walk *w)
+{
+    char gid[65];
+    if (!group) return 0;
+    if (!group_doc_id(group, gid)) { mg_fail(j, "groups: sha-256 failed"); return -1; }
+    bson_t sel = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&sel, "_id", gid);
+    int failed = 0;
+    bson_t *d = mg_find_one(j, gc, &sel, NULL, &failed);
+    bson_destroy(&sel);
+    if (failed) return -1;
+    bson_iter_t it, sub;
+    const char *before = NULL, *found = NULL;
+    if (d && bson_iter_init_find(&it, d, "recent") && BSON_ITER_HOLDS_ARRAY(&it) &&
+        bson_iter_recurse(&it, &sub))
+        while (!found && bson_iter_next(&sub)) {
+            if (!BSON_ITER_HOLDS_UTF8(&sub)) continue;
+            const char *t = bson_iter_utf8(&sub, NULL);
+            if (!strcmp(t, id)) found = t;
+            else before = t;
+        }
+    int r = 0;
+    if (found && before && !walk_add(w, before)) { mg_fail(j, MG_OOM); r = -1; }
+    if (d) bson_destroy(d);
+    return r;
+}
+
+int mg_group_live_prev(mjob *j, mongoc_client_t *c, const char *group, const char *self,
+                       const char *prev, char **out)
 {
     *out = NULL;
-    char *at = prev ? rb_strdup(prev) : NULL;
-    if (prev && !at) { mg_fail(j, MG_OOM); return -1; }
-    for (int step = 0; at; step++) {
-        if (step == CHAIN_LOOK_MAX) {
+    if (!prev) return 0;
+    walk w = {0};
+    if (!walk_add(&w, prev)) { mg_fail(j, MG_OOM); return -1; }
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    mongoc_collection_t *gc = NULL;
+    int r = 0;
+    double now = mg_now(j->s);
+    while (r == 0 && w.next < w.n) {
+        const char *at = w.v[w.next++];
+        if (w.next > CHAIN_LOOK_MAX) {
             mg_fail(j, "groups: more than %d settled deliveries held in a row", CHAIN_LOOK_MAX);
-            free(at);
-            return -1;
+            r = -1;
+            break;
         }
-        if (self && !strcmp(at, self)) break;   /* back to itself: kicked, it came after */
+        if (self && !strcmp(at, self)) continue;   /* back to itself: kicked, it came after */
         int failed = 0;
         bson_t *d = mg_find_by_id(j, cl, at, &failed);
-        if (failed) { free(at); return -1; }
-        const char *st = d ? mg_doc_str(d, "status") : NULL;
-        if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) {
-            *out = at;      /* live: the one to wait for */
+        if (failed) { r = -1; break; }
+        if (d) {
+            const char *st = mg_doc_str(d, "status");
+            if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) {
+                if (!(*out = rb_strdup(at))) { mg_fail(j, MG_OOM); r = -1; }
+                bson_destroy(d);
+                break;      /* live: the one to wait for */
+            }
+            /* settled: one that settled while held still names its own predecessor */
+            const char *back = mg_doc_str(d, "gprev");
+            if (back && !walk_add(&w, back)) { mg_fail(j, MG_OOM); r = -1; }
             bson_destroy(d);
-            return 0;
+            continue;
         }
-        /* settled (or gone): one that settled while held still names its own predecessor */
-        const char *back = d ? mg_doc_str(d, "gprev") : NULL;
-        free(at);
-        at = NULL;
-        if (back && !(at = rb_strdup(back))) { bson_destroy(d); mg_fail(j, MG_OOM); return -1; }
-        if (d) bson_destroy(d);
+        if (!gc) gc = mg_coll(j->s, c, j->s->groups);
+        int come = may_come(j, gc, at, now);
+        if (come < 0) { r = -1; break; }
+        if (come) {
+            if (!(*out = rb_strdup(at))) { mg_fail(j, MG_OOM); r = -1; }
+            break;          /* its enqueue may insert it yet: wait for it */
+        }
+        /* never to come: the one it was linked behind is before it */
+        r = linked_behind(j, gc, group, at, &w);
     }
-    free(at);
-    return 0;
+    if (gc) mongoc_collection_destroy(gc);
+    mongoc_collection_destroy(cl);
+    walk_free(&w);
+    if (r < 0) { free(*out); *out = NULL; }
+    return r;
+}
+
+int mg_groups_gone(mjob *j, mongoc_client_t *c, char *const *ids, size_t n)
+{
+    if (!n) return 0;
+    double now = mg_now(j->s);
+    mongoc_collection_t *gc = mg_coll(j->s, c, j->s->groups);
+    mongoc_bulk_operation_t *b = mg_unordered_bulk(gc);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        bson_oid_t oid;
+        /* (an older one is taken for gone without it: may_come) */
+        if (!ids[i] || !mg_parse_oid(ids[i], &oid) ||
+            (double)bson_oid_get_time_t(&oid) < now - GROUP_GRACE_S - 60)
+            continue;
+        char key[40];
+        snprintf(key, sizeof key, "gone:%s", ids[i]);
+        bson_t *doc = BCON_NEW("_id", BCON_UTF8(key), "gone", BCON_BOOL(true), "at", BCON_DOUBLE(now));
+        mongoc_bulk_operation_insert(b, doc);
+        bson_destroy(doc);
+        m++;
+    }
+    int *codes = rb_calloc(m ? m : 1, sizeof *codes), r = 0;
+    if (!codes) { mg_fail(j, MG_OOM); r = -1; }
+    else if (m) r = mg_bulk_run(j, b, codes, m, "groups: gone");
+    if (!m || !codes) mongoc_bulk_operation_destroy(b);
+    for (size_t i = 0; r == 0 && i < m; i++)
+        if (codes[i] && codes[i] != 11000) {
+            mg_fail(j, "groups: the server refused a mark (code %d)", codes[i]);
+            r = -1;
+        }
+    free(codes);
+    mongoc_collection_destroy(gc);
+    return r < 0 ? -1 : 0;
+}
+
+void mg_groups_prune(mstore *s, mongoc_client_t *c)
+{
+    mongoc_collection_t *gc = mg_coll(s, c, s->groups);
+    bson_t *f = BCON_NEW("gone", BCON_BOOL(true), "at", "{", "$lt",
+                         BCON_DOUBLE(mg_now(s) - GROUP_GRACE_S - 60), "}");
+    mongoc_collection_delete_many(gc, f, NULL, NULL, NULL);
+    bson_destroy(f);
+    mongoc_collection_destroy(gc);
 }

@@ -140,5 +140,8 @@ static void refresh_clock(mstore *s, mongoc_client_t *c)
     int prune = s->pruned_at == 0 || rb_monotonic() - s->pruned_at >= PRUNE_EVERY_S;
     if (prune) s->pruned_at = rb_monotonic();
     pthread_mutex_unlock(&s->mu);
-    if (prune) prune_tickets(s, c);
+    if (prune) {
+        prune_tickets(s, c);
+        mg_groups_prune(s, c);
+    }
 }

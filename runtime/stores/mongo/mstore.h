@@ -289,10 +289,17 @@ void mg_deps_after_write(mjob *j, mongoc_client_t *c, mg_deps_look look, char *c
 int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char *const *ids,
                    size_t n, char **prev);
 /* The live delivery (pending or processing) a grouped delivery `self` held behind `prev` must
- * wait for: prev, or the first live one before it through the settled ones held in turn; *out
- * (malloc'd) NULL when none. -1: j failed. */
-int mg_group_live_prev(mjob *j, mongoc_collection_t *cl, const char *self, const char *prev,
-                       char **out);
+ * wait for: prev, or the first live one before it through the settled ones held in turn (a
+ * missing one counts as live for GROUP_GRACE_S unless marked gone); *out (malloc'd) NULL
+ * when none. -1: j failed. */
+#define GROUP_GRACE_S 300.0
+int mg_group_live_prev(mjob *j, mongoc_client_t *c, const char *group, const char *self,
+                       const char *prev, char **out);
+/* Marks ids[0..n) as never to be live (again): grouped deliveries an enqueue linked and will
+ * not insert, or deleted ones. -1: j failed. */
+int mg_groups_gone(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
+/* Removes the gone marks past their use (with the tickets' prune, jobs.c). */
+void mg_groups_prune(mstore *s, mongoc_client_t *c);
 
 /* ---- url.c ---- */
 typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;
