@@ -1984,17 +1984,6 @@ for _, entry in ipairs(S.list { dialects = true }) do
     end)
 
     describe("limits per topic", function()
-      if entry.kind == "mongodb" then
-        it("limit and limits answer in one line that they are not supported (MongoDB, for now)", function()
-          for _, r in ipairs { table.pack(store:limit("lm.m", { concurrency = 1 })), table.pack(store:limits()) } do
-            assert.is_nil(r[1])
-            H.one_line(r[2])
-            assert.truthy(r[2]:find("limits are not supported", 1, true), r[2])
-          end
-        end)
-        return
-      end
-
       it("set, listed, replaced and cleared; misuse names what is wrong", function()
         assert.is_true(assert(store:limit("lm.b", { concurrency = 3 })))
         assert.is_true(assert(store:limit("lm.a", { rate = 10, per = 1.5 })))

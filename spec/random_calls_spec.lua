@@ -81,7 +81,7 @@ local function sequence(seed, url, opts, steps)
       local res = call("enqueue_many", s.enqueue_many, s, { { "m.t", { a = 1 } }, { "m.t", { b = 2 }, { delay = 0 } } })
       if type(res) == "table" then for _, id in ipairs(res) do keep_id(id) end end
     end,
-    -- grouped, and keyed with replace (MongoDB refuses both, in one line)
+    -- grouped, and keyed with replace
     function()
       local s = pick(stores); if not s then return end
       keep_id(call("enqueue(group)", s.enqueue, s, "m.t", { n = rnd(1000) },
@@ -92,11 +92,25 @@ local function sequence(seed, url, opts, steps)
       keep_id(call("enqueue(replace)", s.enqueue, s, "m.t", { r = rnd(1000) },
         { key = pick { "ka", "kb" }, replace = true, delay = pick { 0, 0.05 } }))
     end,
-    -- after ids of any status, unknown ones, its own kind (SQL stores; MongoDB refuses)
+    -- after ids of any status, unknown ones, its own kind
     function()
       local s = pick(stores); if not s then return end
       keep_id(call("enqueue(after)", s.enqueue, s, "m.t", { a = rnd(1000) },
         { after = { pick(ids) or "1", pick(ids) or "999999", pick { "1", "x", "99999999999" } } }))
+    end,
+    -- limits and pauses of the topic, set, replaced and cleared in any order, some bad
+    -- (cleared before the drain at the end)
+    function()
+      local s = pick(stores); if not s then return end
+      local lim = pick { { concurrency = rnd(1, 3) }, { rate = rnd(1, 5), per = rnd() * 0.3 + 0.01 },
+                         { rate = 2, per = 0.1, concurrency = 1 }, "clear", { concurrency = 0 }, { rate = 1 } }
+      call("limit", s.limit, s, "m.t", lim ~= "clear" and lim or nil)
+    end,
+    function() local s = pick(stores); if s then call("limits", s.limits, s) end end,
+    function()
+      local s = pick(stores); if not s then return end
+      local f = pick { "pause", "resume" }
+      call(f, s[f], s, "m.t")
     end,
     -- schedules made, replaced with other timings, listed, removed (their ticks go to m.t)
     function()
@@ -217,6 +231,8 @@ for _, entry in ipairs(S.list()) do
         -- settles every delivery that is still due
         local store = assert(relaybus.open(url, opts))
         for k = 1, 2 do store:unschedule("m.s" .. k) end     -- no more ticks while it drains
+        assert(store:limit("m.t", nil))
+        assert(store:resume("m.t") ~= nil)
         relaybus.sleep(LEASE + 0.3)
         local d = H.dispatcher(store, { lease_duration = 2 })
         d:handle("m.t", function() end)

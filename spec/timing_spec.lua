@@ -231,37 +231,35 @@ for _, entry in ipairs(S.list()) do
       S.wait_exit(A, 5)
     end)
 
-    if entry.kind ~= "mongodb" then   -- (MongoDB refuses limits for now: conformance_spec)
-      it("a concurrency limit under three workers, one killed (kill -9) and one frozen past its lease: never more than M act at once", function()
-        assert(store:limit("work", { concurrency = 2 }))
-        local ids = {}
-        for i = 1, 16 do ids[i] = assert(store:enqueue("work", { i = i })) end
-        local A, B, C = kill_one_freeze_one()
-        for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status, id) end
-        local runs = check_no_overlap(logs, true)
-        -- each run acts from its start to its last side effect; at no moment more than 2
-        local edges = {}
-        for _, list in pairs(runs) do
-          for _, r in ipairs(list) do
-            local last = r.s
-            for _, x in ipairs(r.xs) do last = math.max(last, x) end
-            edges[#edges + 1] = { r.s, 1 }
-            edges[#edges + 1] = { last, -1 }
-          end
+    it("a concurrency limit under three workers, one killed (kill -9) and one frozen past its lease: never more than M act at once", function()
+      assert(store:limit("work", { concurrency = 2 }))
+      local ids = {}
+      for i = 1, 16 do ids[i] = assert(store:enqueue("work", { i = i })) end
+      local A, B, C = kill_one_freeze_one()
+      for _, id in ipairs(ids) do assert.equal("completed", assert(store:get(id)).status, id) end
+      local runs = check_no_overlap(logs, true)
+      -- each run acts from its start to its last side effect; at no moment more than 2
+      local edges = {}
+      for _, list in pairs(runs) do
+        for _, r in ipairs(list) do
+          local last = r.s
+          for _, x in ipairs(r.xs) do last = math.max(last, x) end
+          edges[#edges + 1] = { r.s, 1 }
+          edges[#edges + 1] = { last, -1 }
         end
-        table.sort(edges, function(p, q) return p[1] < q[1] or (p[1] == q[1] and p[2] < q[2]) end)
-        local now, most = 0, 0
-        for _, e in ipairs(edges) do
-          now = now + e[2]
-          most = math.max(most, now)
-        end
-        assert.is_true(most <= 2, most .. " runs acted at once")
-        assert.equal(2, most)
-        assert.equal(0, term(B))
-        assert.equal(0, term(C))
-        S.wait_exit(A, 5)
-      end)
-    end
+      end
+      table.sort(edges, function(p, q) return p[1] < q[1] or (p[1] == q[1] and p[2] < q[2]) end)
+      local now, most = 0, 0
+      for _, e in ipairs(edges) do
+        now = now + e[2]
+        most = math.max(most, now)
+      end
+      assert.is_true(most <= 2, most .. " runs acted at once")
+      assert.equal(2, most)
+      assert.equal(0, term(B))
+      assert.equal(0, term(C))
+      S.wait_exit(A, 5)
+    end)
 
     it("ordered groups under three workers, one killed (kill -9) and one frozen past its lease: no two of a group overlap, each group in order", function()
       local group_of, ids, order_of = {}, {}, {}

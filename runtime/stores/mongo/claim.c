@@ -8,6 +8,7 @@
 #include "util/alloc.h"
 #include "util/check.h"
 #include "util/clock.h"
+#include "util/log.h"
 #include "util/text.h"
 
 typedef struct claim_job {
@@ -20,6 +21,8 @@ typedef struct claim_job {
     size_t nrecs;
     char **buried;          /* the ids it buried out of attempts: their dependents (deps.c) */
     size_t nburied;
+    mg_lims lims;           /* the limited ones among its topics (limits.c) */
+    size_t *cap;            /* per topic: how many more it may start (SIZE_MAX: unlimited) */
 } claim_job;
 
 /* Notes a delivery this claim buried (out of attempts), for the deliveries after it. */
@@ -76,82 +79,194 @@ static rb_delivery *claimed_record(const bson_t *d, const char *token, double no
     return r;
 }
 
-static int claim_candidates(claim_job *q, mongoc_collection_t *cl, double now, bson_t ***docs,
-                            size_t *n)
+/* The due deliveries of topics[0..nt), at most `limit`, appended to *docs. */
+static int claim_candidates(claim_job *q, mongoc_collection_t *cl, char **topics, size_t nt,
+                            size_t limit, double now, bson_t ***docs, size_t *n)
 {
+    if (!nt || !limit) return 0;
     bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
-    append_topics(&f, q->topics, q->ntopics);
+    append_topics(&f, topics, nt);
     mg_append_due(&f, now);
     BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
     BSON_APPEND_INT32(&sort, "run_at", 1);
     BSON_APPEND_INT32(&sort, "_id", 1);
     bson_append_document_end(&opts, &sort);
-    BSON_APPEND_INT64(&opts, "limit", (int64_t)q->limit);
-    int r = mg_find_docs(&q->j, cl, &f, &opts, NULL, docs, n);
+    BSON_APPEND_INT64(&opts, "limit", (int64_t)limit);
+    bson_t **got = NULL;
+    size_t ng = 0;
+    int r = mg_find_docs(&q->j, cl, &f, &opts, NULL, &got, &ng);
     bson_destroy(&f);
     bson_destroy(&opts);
+    if (r < 0) return -1;
+    bson_t **all = rb_realloc(*docs, (*n + ng + 1) * sizeof *all);
+    if (!all) {
+        mg_docs_free(got, ng);
+        mg_fail(&q->j, MG_OOM);
+        return -1;
+    }
+    for (size_t i = 0; i < ng; i++) all[(*n)++] = got[i];
+    free(got);
+    *docs = all;
+    return 0;
+}
+
+/* ---- limits (limits.c): reserved before the claim, given back when it lost ---- */
+/* The limited topic of a candidate that would start (not one buried out of attempts). */
+static mg_lim *limited_of(claim_job *q, const bson_t *d)
+{
+    const char *t = mg_doc_str(d, "topic");
+    return t && !claim_exceeds(d) ? mg_lims_find(&q->lims, t) : NULL;
+}
+
+/* Reserves the starts of the limited candidates docs[0..n) under tokens[i], one write per
+ * topic; keep[i] = 0 for those whose reservation lost (not claimed now: the next claim reads
+ * the document again). -1: j failed. */
+static int limits_reserve(claim_job *q, mongoc_client_t *c, bson_t *const *docs, size_t n,
+                          char (*tokens)[33], char *keep, double now)
+{
+    for (size_t i = 0; i < n; i++) keep[i] = 1;
+    if (!q->lims.n) return 0;
+    mg_slot *add = rb_calloc(n ? n : 1, sizeof *add);
+    if (!add) { mg_fail(&q->j, MG_OOM); return -1; }
+    int r = 0;
+    for (size_t li = 0; r == 0 && li < q->lims.n; li++) {
+        mg_lim *l = &q->lims.v[li];
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (limited_of(q, docs[i]) == l && mg_doc_oid(docs[i], add[m].d)) {
+                snprintf(add[m].k, sizeof add[m].k, "%s", tokens[i]);
+                add[m++].exp = now + q->lease;
+            }
+        if (!m) continue;
+        RB_ASSERT(m <= l->allow);       /* the candidates were capped by it */
+        int won = mg_limits_reserve(&q->j, c, l, add, m, now);
+        if (won < 0) r = -1;
+        for (size_t i = 0; !won && i < n; i++)
+            if (limited_of(q, docs[i]) == l) keep[i] = 0;
+    }
+    free(add);
     return r;
 }
 
-/* The writes that claim docs[0..n) (or bury those out of attempts), each under a new token
- * in (*tokens)[i]; NULL with j->err set when out of memory. */
-static cas_op *claim_ops(claim_job *q, bson_t *const *docs, size_t n, double now,
-                         char (**tokens)[33])
+/* After the claim's writes: each won run of a limited topic is noted (its settle gives its
+ * slot back); the slots of those lost are given back now. */
+static void limits_after(claim_job *q, mongoc_client_t *c, bson_t *const *docs, size_t n,
+                         const cas_op *ops, char (*tokens)[33], double at)
 {
-    cas_op *ops = rb_calloc(n, sizeof *ops);
-    *tokens = rb_calloc(n, sizeof **tokens);
-    q->recs = rb_calloc(n, sizeof *q->recs);
-    if (!ops || !*tokens || !q->recs) {
+    if (!q->lims.n) return;
+    char **lost = rb_calloc(n ? n : 1, sizeof *lost);
+    double done = mg_now(q->j.s);
+    for (size_t li = 0; lost && li < q->lims.n; li++) {
+        mg_lim *l = &q->lims.v[li];
+        size_t m = 0, won = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (limited_of(q, docs[i]) != l) continue;
+            if (ops[i].won && mg_limits_started(q->j.s, l->topic, tokens[i]) == 0) won++;
+            else lost[m++] = tokens[i];     /* (a run not noted: its slot goes now) */
+        }
+        if (m || (won && l->rate > 0)) {
+            /* (the claim stands: a failure here only keeps the slots until their leases end) */
+            char kept[ERRLEN];
+            memcpy(kept, q->j.err, sizeof kept);
+            if (mg_limits_finish(&q->j, c, l->topic, lost, m, l->rate > 0 ? won : 0, at, done) < 0)
+                rb_log(RB_LOG_WARN, "mongodb: limits: %s (the slots end with their leases)", q->j.err);
+            memcpy(q->j.err, kept, sizeof kept);
+        }
+    }
+    if (!lost) rb_log(RB_LOG_WARN, "mongodb: limits: out of memory (the slots end with their leases)");
+    free(lost);
+}
+
+/* The writes that claim docs[0..n) (or bury those out of attempts), each under its token
+ * tokens[i]; NULL with j->err set when out of memory. */
+static cas_op *claim_ops(claim_job *q, bson_t *const *docs, size_t n, double now,
+                         char (*tokens)[33])
+{
+    cas_op *ops = rb_calloc(n ? n : 1, sizeof *ops);
+    if (!q->recs) q->recs = rb_calloc(q->limit ? q->limit : 1, sizeof *q->recs);
+    if (!ops || !q->recs) {
         mg_fail(&q->j, "out of memory");
         free(ops);
-        free(*tokens);
-        *tokens = NULL;
         return NULL;
     }
+    RB_ASSERT(q->nrecs + n <= q->limit);
     for (size_t i = 0; i < n; i++) {
         const bson_t *d = docs[i];
-        rb_random_token((*tokens)[i]);
         bson_t *u = claim_exceeds(d)
                         ? mg_upd_bury(d, mg_doc_str(d, "last_error") ? NULL : "max attempts exceeded", now)
-                        : upd_claim(d, (*tokens)[i], now, q->lease);
+                        : upd_claim(d, tokens[i], now, q->lease);
         mg_cas_init(q->j.s, &ops[i], d, "d", u);
     }
     return ops;
 }
 
-/* MongoDB: the due deliveries, found by their index. */
+static char (*new_tokens(claim_job *q, size_t n))[33]
+{
+    char (*t)[33] = rb_calloc(n ? n : 1, sizeof *t);
+    if (!t) mg_fail(&q->j, MG_OOM);
+    for (size_t i = 0; t && i < n; i++) rb_random_token(t[i]);
+    return t;
+}
+
+/* MongoDB: the due deliveries, found by their index: those of the unlimited topics, then of
+ * each limited one as many as it may start. */
 static void claim_scan(claim_job *q, mongoc_client_t *c)
 {
     mjob *j = &q->j;
     double now = mg_now(j->s);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
     bson_t **docs = NULL;
-    size_t n = 0;
-    int r = claim_candidates(q, cl, now, &docs, &n);
-    mongoc_collection_destroy(cl);
-    if (r < 0 || n == 0) return;
-    char (*tokens)[33] = NULL;
-    cas_op *ops = claim_ops(q, docs, n, now, &tokens);
-    if (ops && mg_cas_run(j, c, j->s->base.table, ops, n, now) == 0) {
-        for (size_t i = 0; i < n; i++)
-            if (ops[i].won && !claim_exceeds(docs[i])) {
-                rb_delivery *rec = claimed_record(docs[i], tokens[i], now, q->lease);
-                if (rec) q->recs[q->nrecs++] = rec;
-            } else if (ops[i].won) {
-                note_buried(q, docs[i], n);
-            }
+    size_t n = 0, nfree = 0;
+    char **free_topics = rb_calloc(q->ntopics + 1, sizeof *free_topics);
+    int r = free_topics ? 0 : -1;
+    if (r < 0) mg_fail(j, MG_OOM);
+    for (size_t i = 0; r == 0 && i < q->ntopics; i++)
+        if (q->cap[i] == SIZE_MAX) free_topics[nfree++] = q->topics[i];
+    if (r == 0) r = claim_candidates(q, cl, free_topics, nfree, q->limit, now, &docs, &n);
+    for (size_t i = 0; r == 0 && i < q->ntopics && n < q->limit; i++) {
+        if (q->cap[i] == SIZE_MAX) continue;
+        size_t want = q->limit - n < q->cap[i] ? q->limit - n : q->cap[i];
+        r = claim_candidates(q, cl, &q->topics[i], 1, want, now, &docs, &n);
     }
-    if (ops) mg_cas_free(ops, n);
+    free(free_topics);
+    mongoc_collection_destroy(cl);
+    char (*tokens)[33] = r == 0 && n ? new_tokens(q, n) : NULL;
+    char *keep = tokens ? rb_calloc(n, 1) : NULL;
+    if (tokens && !keep) mg_fail(j, MG_OOM);
+    if (keep && limits_reserve(q, c, docs, n, tokens, keep, now) == 0) {
+        /* those whose reservation lost stay as they are */
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!keep[i]) { bson_destroy(docs[i]); continue; }
+            docs[m] = docs[i];
+            memcpy(tokens[m++], tokens[i], sizeof tokens[i]);
+        }
+        n = m;
+        cas_op *ops = claim_ops(q, docs, n, now, tokens);
+        if (ops && mg_cas_run(j, c, j->s->base.table, ops, n, now) == 0) {
+            for (size_t i = 0; i < n; i++)
+                if (ops[i].won && !claim_exceeds(docs[i])) {
+                    rb_delivery *rec = claimed_record(docs[i], tokens[i], now, q->lease);
+                    if (rec) q->recs[q->nrecs++] = rec;
+                } else if (ops[i].won) {
+                    note_buried(q, docs[i], n);
+                }
+            limits_after(q, c, docs, n, ops, tokens, now);
+        }
+        if (ops) mg_cas_free(ops, n);
+    }
+    free(keep);
     free(tokens);
     mg_docs_free(docs, n);
 }
 
 /* ---- claim on FerretDB: from the head of the queue (see readyq.c) ----------------------- */
-static int topic_wanted(const claim_job *q, const char *t)
+/* The index of topic t among the claim's, -1 when it is not one or may start no more now. */
+static long topic_wanted(const claim_job *q, const char *t)
 {
     for (size_t i = 0; t && i < q->ntopics; i++)
-        if (strcmp(q->topics[i], t) == 0) return 1;
-    return 0;
+        if (strcmp(q->topics[i], t) == 0) return q->cap[i] ? (long)i : -1;
+    return -1;
 }
 
 typedef struct qcand {
@@ -239,6 +354,14 @@ static int queue_read(claim_job *q, mongoc_collection_t *qc, qhead *h)
     return 0;
 }
 
+/* A candidate of topic ti counts against what its topic may start (one buried out of
+ * attempts starts nothing). */
+static bson_t *take_cap(claim_job *q, long ti, bson_t *d)
+{
+    if (q->cap[ti] != SIZE_MAX && !claim_exceeds(d)) q->cap[ti]--;
+    return d;
+}
+
 /* Classify one entry: its delivery when due (a candidate), else NULL after noting in qb what
  * becomes of the entry; *failed when the store could not be asked. */
 static bson_t *classify_entry(claim_job *q, mongoc_collection_t *cl, const bson_t *e, int stale,
@@ -251,7 +374,8 @@ static bson_t *classify_entry(claim_job *q, mongoc_collection_t *cl, const bson_
         mg_qb_del(qb, e);
         return NULL;
     }
-    if (!topic_wanted(q, mg_doc_str(e, "t")) || at > now) {
+    long ti = topic_wanted(q, mg_doc_str(e, "t"));
+    if (ti < 0 || at > now) {
         if (full) mg_qb_move(qb, e, at, now);
         return NULL;
     }
@@ -266,10 +390,10 @@ static bson_t *classify_entry(claim_job *q, mongoc_collection_t *cl, const bson_
     const char *st = mg_doc_str(d, "status");
     if (st && strcmp(st, "pending") == 0) {
         double run_at = mg_doc_num(d, "run_at");
-        if (run_at <= now) return d;
+        if (run_at <= now) return take_cap(q, ti, d);
         mg_qb_move(qb, e, run_at, now);     /* fixed until it is due: later reads skip it */
     } else if (st && strcmp(st, "processing") == 0) {
-        if (mg_doc_num(d, "lease_expires_at") <= now) return d;
+        if (mg_doc_num(d, "lease_expires_at") <= now) return take_cap(q, ti, d);
         if (full) mg_qb_move(qb, e, 0, now);
     } else {
         mg_qb_del(qb, e);       /* settled: a kick writes a new entry */
@@ -308,23 +432,41 @@ static void queue_claimed(claim_job *q, const qcand *cand, const char *token, in
     if (rec) q->recs[q->nrecs++] = rec;
 }
 
-/* Claim the candidates, oldest first; only the winner of each moves its entry. */
+/* Claim the candidates, oldest first (those of limited topics once their starts are
+ * reserved); only the winner of each moves its entry. */
 static void queue_claim(claim_job *q, mongoc_client_t *c, qhead *h, qbatch *qb, double now)
 {
     size_t nc = h->nc;
     qsort(h->cands, nc, sizeof *h->cands, qcand_cmp);
     bson_t **docs = rb_calloc(nc, sizeof *docs);
-    if (!docs) {
+    char (*tokens)[33] = new_tokens(q, nc);
+    char *keep = rb_calloc(nc, 1);
+    if (!docs || !tokens || !keep) {
+        free(docs); free(tokens); free(keep);
         mg_fail(&q->j, "out of memory");
         return;
     }
     for (size_t i = 0; i < nc; i++) docs[i] = h->cands[i].doc;
-    char (*tokens)[33] = NULL;
-    cas_op *ops = claim_ops(q, docs, nc, now, &tokens);
-    if (ops && mg_cas_run(&q->j, c, q->j.s->base.table, ops, nc, now) == 0)
-        for (size_t i = 0; i < nc; i++)
-            if (ops[i].won) queue_claimed(q, &h->cands[i], tokens[i], ops[i].old_v, qb, now);
-    if (ops) mg_cas_free(ops, nc);
+    if (limits_reserve(q, c, docs, nc, tokens, keep, now) == 0) {
+        size_t m = 0;       /* (the dropped stay in h->cands: freed with them) */
+        qcand *use = rb_calloc(nc ? nc : 1, sizeof *use);
+        if (!use) mg_fail(&q->j, MG_OOM);
+        for (size_t i = 0; use && i < nc; i++) {
+            if (!keep[i]) continue;
+            use[m] = h->cands[i];
+            docs[m] = docs[i];
+            memcpy(tokens[m++], tokens[i], sizeof tokens[i]);
+        }
+        cas_op *ops = use ? claim_ops(q, docs, m, now, tokens) : NULL;
+        if (ops && mg_cas_run(&q->j, c, q->j.s->base.table, ops, m, now) == 0) {
+            for (size_t i = 0; i < m; i++)
+                if (ops[i].won) queue_claimed(q, &use[i], tokens[i], ops[i].old_v, qb, now);
+            limits_after(q, c, docs, m, ops, tokens, now);
+        }
+        if (ops) mg_cas_free(ops, m);
+        free(use);
+    }
+    free(keep);
     free(tokens);
     free(docs);
 }
@@ -362,6 +504,15 @@ static void claim_work(mjob *j, mongoc_client_t *c)
     pthread_mutex_unlock(&j->s->mu);
     if (sweep) mg_deps_after_write(j, c, MG_DEPS_SWEEP, NULL, 0);
     if (mg_split_paused(j, c, q->topics, &q->ntopics, &npaused) != 0 || !q->ntopics) return;
+    if (mg_limits_load(j, c, q->topics, q->ntopics, mg_now(j->s), &q->lims) < 0) return;
+    if (!(q->cap = rb_calloc(q->ntopics, sizeof *q->cap))) {
+        mg_fail(j, MG_OOM);
+        return;
+    }
+    for (size_t i = 0; i < q->ntopics; i++) {
+        mg_lim *l = mg_lims_find(&q->lims, q->topics[i]);
+        q->cap[i] = l ? l->allow : SIZE_MAX;
+    }
     if (j->s->ferret) claim_from_queue(q, c);
     else claim_scan(q, c);
     if (!j->err[0] && q->nburied) mg_deps_after_write(j, c, MG_DEPS_SETTLED, q->buried, q->nburied);
@@ -383,6 +534,8 @@ static void claim_done(mjob *j, const char *err)
     free(q->topics);
     for (size_t i = 0; i < q->nburied; i++) free(q->buried[i]);
     free(q->buried);
+    mg_lims_free(&q->lims);
+    free(q->cap);
     free(q);
 }
 

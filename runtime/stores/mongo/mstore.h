@@ -20,6 +20,7 @@
  *   schedules.c durable schedules: made, listed, and their ticks fired
  *   deps.c      dependencies (after): held deliveries, released or cancelled as theirs settle
  *   groups.c    ordered groups: each delivery held behind the one before it in its group
+ *   limits.c    limits per topic: slots and starts reserved before a claim
  *   enqueue.c, claim.c, settle.c, lease.c (named leases), tx.c (transactions, replica sets),
  *   admin.c (get, list, stats, kick, purge): the operations
  *   schema.c    migrate's collections and indexes, and the check without migrate
@@ -91,6 +92,8 @@ struct mstore {
     char *db, *leases, *tickets, *queue, *topics, *schedules;
     char *deps;                 /* markers of dependencies (deps.c) */
     char *groups;               /* ordered groups' tails (groups.c) */
+    char *limits;               /* limited topics' slots and starts (limits.c) */
+    struct mg_run_lim *lim_runs;    /* our runs of limited topics (limits.c), under mu */
     double deps_swept;          /* monotonic s of the last sweep of them (mu) */
     double deps_none_at;        /* monotonic s when a look found no marker at all (mu) */
     int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
@@ -300,6 +303,59 @@ int mg_group_live_prev(mjob *j, mongoc_client_t *c, const char *group, const cha
 int mg_groups_gone(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
 /* Removes the gone marks past their use (with the tickets' prune, jobs.c). */
 void mg_groups_prune(mstore *s, mongoc_client_t *c);
+
+/* ---- limits.c ---- */
+#define MG_LIMIT_MAX 10000          /* rate and concurrency: the window lives in one document */
+typedef struct mg_slot {
+    char d[25];                     /* the delivery */
+    char k[33];                     /* its run's lease token */
+    double exp;                     /* the lease's expiry when claimed */
+} mg_slot;
+/* A limited topic as a claim read it: its slots that count, its starts in the window, and
+ * how many may start now. */
+typedef struct mg_lim {
+    char *topic;
+    bson_t *doc;                    /* as read: its version is the one the reservation needs */
+    int64_t rate, conc;
+    double per;
+    mg_slot *slots;
+    size_t nslots;
+    double *starts;
+    size_t nstarts;
+    size_t allow;
+} mg_lim;
+typedef struct mg_lims {
+    mg_lim *v;
+    size_t n;
+} mg_lims;
+typedef struct mg_run_lim {
+    char token[33];
+    char *topic;
+    struct mg_run_lim *next;
+} mg_run_lim;
+/* The limited ones among topics[0..n), judged at `now`. -1: j failed. */
+int mg_limits_load(mjob *j, mongoc_client_t *c, char *const *topics, size_t n, double now,
+                   mg_lims *out);
+mg_lim *mg_lims_find(mg_lims *ls, const char *topic);
+void mg_lims_free(mg_lims *ls);
+/* Writes add[0..n) (n <= l->allow) into l's document, as slots and starts at now: 1 won, 0
+ * lost to another writer (claim none of them), -1 j failed. */
+int mg_limits_reserve(mjob *j, mongoc_client_t *c, mg_lim *l, const mg_slot *add, size_t n,
+                      double now);
+/* After a claim of topic's deliveries whose starts it reserved at `at`: the slots of
+ * tokens[0..n) (lost, or ended runs) go with as many starts at `at`, and nwon starts at `at`
+ * move to `done`. -1: j failed. */
+int mg_limits_finish(mjob *j, mongoc_client_t *c, const char *topic, char *const *tokens,
+                     size_t n, size_t nwon, double at, double done);
+/* Removes the slots of the runs with these tokens from topic's document. -1: j failed. */
+int mg_limits_give_back(mjob *j, mongoc_client_t *c, const char *topic, char *const *tokens,
+                        size_t n);
+/* Our runs of limited topics: noted when claimed; ended gives the topic (malloc'd) or NULL. */
+int mg_limits_started(mstore *s, const char *topic, const char *token);
+char *mg_limits_ended(mstore *s, const char *token);
+void mg_limits_forget_all(mstore *s);
+void mg_limit(rb_store *st, const char *topic, const rb_limit *lim, rb_count_cb cb, void *ud);
+void mg_limits(rb_store *st, rb_rows_cb cb, void *ud);
 
 /* ---- url.c ---- */
 typedef enum { MG_DETECT, MG_MONGODB, MG_FERRETDB } mg_dialect;

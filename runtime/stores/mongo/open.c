@@ -23,6 +23,8 @@ static void store_free(mstore *s)
     free(s->schedules);
     free(s->deps);
     free(s->groups);
+    free(s->limits);
+    mg_limits_forget_all(s);
     free(s->tickets);
     free(s->queue);
     rb_store_release_dispatch(&s->base);
@@ -151,11 +153,12 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     s->schedules = rb_malloc(n);
     s->deps = rb_malloc(n);
     s->groups = rb_malloc(n);
+    s->limits = rb_malloc(n);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->busy_mu, NULL);
     pthread_cond_init(&s->busy_cv, NULL);
     if (!s->base.table || !s->leases || !s->tickets || !s->queue || !s->topics || !s->schedules || !s->deps ||
-        !s->groups ||
+        !s->groups || !s->limits ||
         rb_hmap_reserve(&s->busy, 1024) != 0) {
         store_free(s);
         return NULL;
@@ -167,6 +170,7 @@ static mstore *store_new(struct ev_loop *loop, const rb_store_options *opts)
     snprintf(s->schedules, n, "%s_schedules", table);
     snprintf(s->deps, n, "%s_deps", table);
     snprintf(s->groups, n, "%s_groups", table);
+    snprintf(s->limits, n, "%s_limits", table);
     s->clock_checked = rb_monotonic();
     s->clock_offset = rb_wall_time() - rb_monotonic();   /* until the server tells its time */
     return s;
@@ -244,6 +248,8 @@ static const rb_store_vtable mongo_vtable = {
     .close = m_close,
     .pause = mg_pause,
     .paused = mg_paused,
+    .limit = mg_limit,
+    .limits = mg_limits,
     .schedule = mg_schedule,
     .unschedule = mg_unschedule,
     .schedules = mg_schedules,

@@ -5,12 +5,33 @@
 #include <string.h>
 #include "stores/mongo/mstore.h"
 #include "util/alloc.h"
+#include "util/log.h"
 
 typedef struct settle_job {
     mjob j;
     rb_settle_op *ops;
     size_t n;
 } settle_job;
+
+/* The runs of limited topics among round[0..m) have ended, written or not (limits.c): their
+ * slots go, so the next may start before the lease would have ended. A failure only keeps a
+ * slot until its lease ends, and j's outcome stays what it was. */
+static void give_back_slots(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_t m)
+{
+    char kept[ERRLEN];
+    memcpy(kept, j->err, sizeof kept);
+    for (size_t i = 0; i < m; i++) {
+        if (round[i]->kind == RB_OP_EXTEND || !round[i]->token) continue;
+        char *topic = mg_limits_ended(j->s, round[i]->token);
+        if (!topic) continue;
+        char *tok = (char *)round[i]->token;
+        j->err[0] = 0;
+        if (mg_limits_give_back(j, c, topic, &tok, 1) < 0)
+            rb_log(RB_LOG_WARN, "mongodb: limits: %s (the slot ends with its lease)", j->err);
+        free(topic);
+    }
+    memcpy(j->err, kept, sizeof kept);
+}
 
 /* One round: ops on distinct deliveries, each read, then written through its ticket. The
  * round holds its deliveries (busy.c) from the read until the version cache has the write, so
@@ -92,6 +113,7 @@ static int settle_round(mjob *j, mongoc_client_t *c, rb_settle_op **round, size_
     free(held);
     if (ngone) mg_deps_after_write(j, c, MG_DEPS_SETTLED, gone, ngone);
     free(gone);
+    give_back_slots(j, c, round, m);
     if (cas) mg_cas_free(cas, k);
     free(mine);
     free(att);
