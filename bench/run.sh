@@ -406,6 +406,15 @@ else
     section "MongoDB ($MONGO_URL)"
     bench 660 bench/drain.lua "$MONGO_URL" 50000 64 "$ML" 600
     MDRAIN=$(rate_of "deliveries in")
+    # Ordered groups and limits there (runtime/stores/mongo/groups.c, limits.c): a group is a
+    # chain of held deliveries, each released by its predecessor's settle; 10,000 keep the run
+    # short (the plain figure is of 50,000).
+    bench 660 bench/drain.lua "$MONGO_URL" 10000 64 "$ML" 600 1000
+    MG=$(rate_of "groups in")
+    note "mongodb groups: 10,000 in 1,000 groups at ${MG}/s = $(pct "$MG" "$MDRAIN") of the plain drain"
+    bench 660 bench/limited.lua "$MONGO_URL" 10000 64 "$ML" 1000 4
+    ML_LIM=$(rate_of "unlimited beside")
+    note "mongodb limits: 10,000 unlimited beside a limited topic at ${ML_LIM}/s = $(pct "$ML_LIM" "$MDRAIN") of the plain drain"
     # Agenda 5 (Node.js) on the same server, same run: 1,000 no-op jobs (it runs about 14 a
     # second on FerretDB 1.24, slower as its collection grows: 50,000 would take hours),
     # bench/agenda_drain.js.

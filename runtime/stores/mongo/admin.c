@@ -418,10 +418,10 @@ static int64_t kick_docs(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, i
         mg_qb_init(&qb, qc);
         /* Generation: the time in microseconds. Claims count on from it by one, so no earlier
          * entry of the delivery (which a settle or a claim may be removing by id) has it. */
-        for (size_t i = 0; i < n; i++)
-            if (docs[i] && mg_doc_oid(docs[i], hex))
+        for (size_t i = 0; i < n; i++)      /* (a held one's release writes its entry) */
+            if (docs[i] && !held[i] && mg_doc_oid(docs[i], hex))
                 mg_qb_put(&qb, hex, mg_doc_str(docs[i], "topic"), (int64_t)(now * 1e6),
-                          held[i] ? MG_HELD_RUN_AT : kick_due(docs[i], now), now);
+                          kick_due(docs[i], now), now);
         int r = mg_qb_run(j, &qb, 1);
         mongoc_collection_destroy(qc);
         if (r < 0) {

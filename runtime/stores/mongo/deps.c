@@ -177,22 +177,8 @@ static bson_t *upd_held(const bson_t *cur, const char *why, size_t live, char *c
     return u;
 }
 
-/* FerretDB: the entry a held delivery's enqueue wrote at 1e300 goes once it is released or
- * cancelled: no claim would read it before the end of time, and the head's moves would carry
- * it on forever. */
-static void drop_held_entry(mjob *j, mongoc_client_t *c, const char *id)
-{
-    if (!j->s->ferret) return;
-    mongoc_collection_t *qc = mg_coll(j->s, c, j->s->queue);
-    qbatch qb;
-    mg_qb_init(&qb, qc);
-    mg_qb_drop(&qb, id, 0);
-    mg_qb_run(j, &qb, 0);
-    mongoc_collection_destroy(qc);
-}
-
 /* A held delivery's release: due at its own run_at (an entry there first and after on
- * FerretDB, mg_requeue), its entry at the end of time gone. 1 won, 0 lost, -1 j failed. */
+ * FerretDB, mg_requeue; a held one has none before). 1 won, 0 lost, -1 j failed. */
 static int release_held(mjob *j, mongoc_client_t *c, const bson_t *d, const char *id, bson_t *upd,
                         double now)
 {
@@ -210,7 +196,7 @@ static int release_held(mjob *j, mongoc_client_t *c, const bson_t *d, const char
     }
     if (upd) bson_destroy(upd);
     if (r == 0 && won && requeue) r = mg_requeue(j, c, id, mg_doc_str(d, "topic"), own, now, 1);
-    if (r == 0 && won) drop_held_entry(j, c, id);
+    if (r == 0 && won) j->released = 1;
     return r < 0 ? -1 : won;
 }
 
@@ -304,7 +290,6 @@ static int eval_one(mjob *j, mongoc_client_t *c, mongoc_collection_t *cl, const 
                 r = mg_cas_run(j, c, j->s->base.table, &op, 1, now);
                 won = op.won;
                 mg_cas_clear(&op);
-                if (r == 0 && won && v == DEP_FAILED) drop_held_entry(j, c, id);
             }
         }
         free_docs(deps, n);

@@ -159,7 +159,9 @@ int mg_enq_entry(mjob *j, mongoc_client_t *c, const char *hex, const rb_enqueue_
 }
 
 /* FerretDB: the ready queue's entries of the deliveries to insert, written before them so
- * that a delivery never lacks one. */
+ * that a delivery never lacks one while it may be due. A held one gets none: its release
+ * writes one at its time before it makes it due (deps.c), and an entry never due would be
+ * read and moved on by every claim that reads the queue's head. */
 static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, const held_kind *holds,
                        double now)
 {
@@ -167,12 +169,9 @@ static int enq_entries(enq_job *q, mongoc_client_t *c, const int *want, const he
     qbatch qb;
     mg_qb_init(&qb, qc);
     for (size_t i = 0; i < q->n; i++)
-        if (want[i]) {
+        if (want[i] && holds[i] != AFTER_HELD) {
             const rb_enqueue_item *it = &q->items[i];
-            /* a held one's entry waits at the end: its release writes one at its time */
-            double at = holds[i] == AFTER_HELD ? MG_HELD_RUN_AT
-                                      : it->run_at > 0 ? it->run_at : now + it->delay;
-            mg_qb_put(&qb, q->ids[i], it->topic, 0, at, now);
+            mg_qb_put(&qb, q->ids[i], it->topic, 0, it->run_at > 0 ? it->run_at : now + it->delay, now);
         }
     int r = mg_qb_run(&q->j, &qb, 1);
     mongoc_collection_destroy(qc);
@@ -587,7 +586,8 @@ static void enq_work(mjob *j, mongoc_client_t *c)
                     goto out;
                 }
             }
-            int bad = (j->s->ferret && !own && mg_enq_entry(j, c, hex, &q->items[i], mg_now(j->s)) < 0) ||
+            int bad = (j->s->ferret && !own && holds[i] != AFTER_HELD &&
+                       mg_enq_entry(j, c, hex, &q->items[i], mg_now(j->s)) < 0) ||
                       enq_insert(j, cl, &docs[i], &one, &got, &isdup, 1) < 0;
             if (got) ins[i] = 1;
             if (bad) goto out;

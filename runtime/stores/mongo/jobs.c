@@ -46,6 +46,8 @@ static void job_done(rb_job *pj, int ran)
     mjob *j = (mjob *)pj;
     const char *err = !ran ? MG_STORE_CLOSED : j->err[0] ? j->err : NULL;
     if (err && j->tx) mg_tx_doom(j->tx, err);
+    /* (before done, which frees the job; a closing store wakes no one) */
+    if (ran && j->released && !j->s->closing) rb_store_notify_local(&j->s->base);
     j->done(j, err);
 }
 

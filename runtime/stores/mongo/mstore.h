@@ -83,6 +83,8 @@ struct mjob {
     rb_store_cb cb;                             /* the caller's callback, and its ud */
     void *ud;
     char err[ERRLEN];
+    int released;       /* it made held deliveries due (deps.c) or gave a limit's slot back
+                         * (limits.c): a dispatcher here claims at once */
 };
 
 struct mstore {

@@ -28,6 +28,8 @@ static void give_back_slots(mjob *j, mongoc_client_t *c, rb_settle_op **round, s
         j->err[0] = 0;
         if (mg_limits_give_back(j, c, topic, &tok, 1) < 0)
             rb_log(RB_LOG_WARN, "mongodb: limits: %s (the slot ends with its lease)", j->err);
+        else
+            j->released = 1;    /* another of the topic may start: a dispatcher here claims */
         free(topic);
     }
     memcpy(j->err, kept, sizeof kept);
