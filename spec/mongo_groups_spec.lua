@@ -69,6 +69,38 @@ for _, entry in ipairs(S.list { dialects = true }) do
       assert.same({ 1, 2 }, ended)
       assert.equal(1, most)
     end)
+
+    -- (found by reading: the sweep read the first 500 markers every time, so one behind them
+    -- was never looked at; a group makes a marker per held delivery)
+    it("the sweep reaches a marker behind 600 others: a settle whose look never came still releases the one after it", function()
+      local now = relaybus.time()
+      local live = {}
+      for i = 1, 600 do live[i] = assert(store:enqueue("mg.s", { i = i }, { delay = 3600 })) end
+      local marks = {}
+      for i, id in ipairs(live) do marks[i] = { _id = id, at = now, gnext = P.oid(now) } end
+      -- the head settled in a process that died before its look: completed, its marker
+      -- (sorted last: its id's time is the latest) names the held one after it
+      local head, after = P.oid(now + 1000), P.oid(now)
+      marks[#marks + 1] = { _id = head, at = now, gnext = after }
+      P.insert(url, opts.table .. "_deps", marks)
+      local function doc(id, fields)
+        local d = { _id = { ["$oid"] = id }, topic = "mg.s2", payload = { n = 1 }, payload_format = "bson",
+                    group = "s", attempts = 0, max_attempts = 25, fence = 0, v = 0, created_at = now,
+                    lease_expires_at = 0 }
+        for k, v in pairs(fields) do d[k] = v end
+        return d
+      end
+      P.insert(url, opts.table, {
+        doc(head, { status = "completed", run_at = now, settled_at = now }),
+        doc(after, { status = "pending", run_at = 1e300, held_run_at = now, gprev = head }),
+      })
+      local ran
+      local d = H.dispatcher(store, { poll_interval = 0.2 })
+      local stop = H.stopper(d)
+      d:handle("mg.s2", function(delivery) ran = delivery.id; stop() end)
+      assert.is_true((H.run(d, 25)), "the held one was never released")
+      assert.equal(after, ran)
+    end)
   end)
   ::continue::
 end

@@ -16,7 +16,7 @@
  *    at the dependencies again, so a dependency that settles meanwhile is seen by one of the
  *    two at least (both may act: every change is a versioned write, which one wins).
  *  - A process killed between a settle and its look leaves the marker: the sweep of each
- *    process's claims (every DEPS_SWEEP_S) evaluates the deliveries after the settled
+ *    process's claims (every DEPS_SWEEP_S, a page of markers in _id order each) evaluates the deliveries after the settled
  *    dependencies of the markers, and removes a marker DEPS_MARKER_KEEP_S after its
  *    dependency settled (an enqueue that wrote it and was stopped longer than that before its
  *    insert leaves its delivery held: see docs/stores.md).
@@ -498,13 +498,26 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
 {
     mongoc_collection_t *mk = mg_coll(j->s, c, j->s->deps);
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
-    bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER;
-    BSON_APPEND_INT64(&opts, "limit", DEPS_SWEEP_MAX);
+    /* a page of DEPS_SWEEP_MAX in _id order after the last one read, round and round, so
+     * every marker has its turn however many there are */
+    char from[sizeof j->s->deps_swept_to];
+    pthread_mutex_lock(&j->s->mu);
+    memcpy(from, j->s->deps_swept_to, sizeof from);
+    pthread_mutex_unlock(&j->s->mu);
+    bson_t *f = BCON_NEW("_id", "{", "$gt", BCON_UTF8(from), "}");
+    bson_t *opts = BCON_NEW("sort", "{", "_id", BCON_INT32(1), "}", "limit", BCON_INT64(DEPS_SWEEP_MAX));
     bson_t **marks = NULL;
     size_t nm = 0;
-    int r = mg_find_docs(j, mk, &f, &opts, NULL, &marks, &nm);
-    bson_destroy(&f);
-    bson_destroy(&opts);
+    int r = mg_find_docs(j, mk, f, opts, NULL, &marks, &nm);
+    bson_destroy(f);
+    bson_destroy(opts);
+    if (r == 0) {
+        const char *last = nm == DEPS_SWEEP_MAX ? mg_doc_str(marks[nm - 1], "_id") : NULL;
+        pthread_mutex_lock(&j->s->mu);
+        snprintf(j->s->deps_swept_to, sizeof j->s->deps_swept_to, "%s",
+                 last && strlen(last) < sizeof j->s->deps_swept_to ? last : "");
+        pthread_mutex_unlock(&j->s->mu);
+    }
     char **ids = rb_calloc(nm ? nm : 1, sizeof *ids);
     bson_t **deps = rb_calloc(nm ? nm : 1, sizeof *deps);
     char *looked = rb_calloc(nm ? nm : 1, 1);

@@ -98,6 +98,7 @@ struct mstore {
     struct mg_run_lim *lim_runs;    /* our runs of limited topics (limits.c), under mu */
     double deps_swept;          /* monotonic s of the last sweep of them (mu) */
     double deps_none_at;        /* monotonic s when a look found no marker at all (mu) */
+    char deps_swept_to[80];     /* the last marker _id the sweep read: it goes on after it (mu) */
     int ferret;                 /* the FerretDB dialect: ready queue, version cache, no v filter */
     int ferretdb;               /* the server is FerretDB, whatever the dialect */
     int replset;                /* transactions possible */
