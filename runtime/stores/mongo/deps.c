@@ -535,9 +535,10 @@ int mg_deps_sweep(mjob *j, mongoc_client_t *c)
     for (size_t i = 0; r == 0 && i < n; i++) {
         const char *st = deps[i] ? mg_doc_str(deps[i], "status") : NULL;
         if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) continue;
-        /* (one gone counts from its marker: the marker of a group's predecessor in the same
-         * batch is written before that one is inserted) */
-        double at = deps[i] ? mg_doc_num(deps[i], "settled_at") : mg_doc_num(marks[i], "at");
+        /* (one not there counts from its marker, and its group's grace on: a group's
+         * predecessor may be inserted after the marker its successor wrote, groups.c) */
+        double at = deps[i] ? mg_doc_num(deps[i], "settled_at")
+                            : mg_doc_num(marks[i], "at") + GROUP_GRACE_S;
         int last = at < now - DEPS_MARKER_KEEP_S;
         if (!last && looked[i]) continue;       /* its settler looked: nothing missed */
         if (!idlist_add(last ? &old : &settled, ids[i])) {
