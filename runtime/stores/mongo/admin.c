@@ -320,6 +320,7 @@ static bson_t *upd_kick(const bson_t *cur, double now, int with_dedupe, const ch
      * the live one of its group */
     BSON_APPEND_UTF8(&un, "waiting", "");
     BSON_APPEND_UTF8(&un, "after", "");
+    BSON_APPEND_UTF8(&un, "kick_at", "");
     if (!gprev) {
         BSON_APPEND_UTF8(&un, "held_run_at", "");
         BSON_APPEND_UTF8(&un, "gprev", "");
@@ -337,18 +338,53 @@ static void free_held(char **held, size_t n)
     free(held);
 }
 
+/* The grouped ones among docs[0..n) flagged as being kicked (kick_at, groups.c), each
+ * through the versioned write, and read again (their version changed); one whose flag lost
+ * to another write is left out (docs[i] NULL: not kicked now). -1: j failed. */
+static int flag_kicks(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, double now)
+{
+    cas_op *ops = rb_calloc(n ? n : 1, sizeof *ops);
+    size_t *at = rb_calloc(n ? n : 1, sizeof *at), m = 0;
+    int r = ops && at ? 0 : -1;
+    if (r < 0) mg_fail(j, MG_OOM);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        if (!docs[i] || !bson_has_field(docs[i], "group")) continue;
+        mg_cas_init(j->s, &ops[m], docs[i], "d", BCON_NEW("$set", "{", "kick_at", BCON_DOUBLE(now),
+                    "v", BCON_INT64(mg_doc_int(docs[i], "v") + 1), "}"));
+        at[m++] = i;
+    }
+    if (r == 0 && m) r = mg_cas_run(j, c, j->s->base.table, ops, m, now);
+    mongoc_collection_t *cl = r == 0 && m ? mg_coll(j->s, c, j->s->base.table) : NULL;
+    for (size_t x = 0; x < m; x++) {
+        size_t i = at[x];
+        char hex[25];
+        int failed = 0;
+        bson_t *again = r == 0 && ops[x].won && mg_doc_oid(docs[i], hex)
+                            ? mg_find_by_id(j, cl, hex, &failed) : NULL;
+        if (failed) r = -1;
+        bson_destroy(docs[i]);
+        docs[i] = again;        /* (NULL: lost, or gone meanwhile) */
+        mg_cas_clear(&ops[x]);
+    }
+    if (cl) mongoc_collection_destroy(cl);
+    free(ops);
+    free(at);
+    return r;
+}
+
 /* A kicked delivery of a group joins it again at its tail, like a new one (groups.c): held[i]
  * (malloc'd) the live one before it, or NULL when it is due. -1: j failed. */
 static int kick_groups(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, double now,
                        char **held)
 {
+    for (size_t i = 0; i < n; i++) held[i] = NULL;
+    if (flag_kicks(j, c, docs, n, now) < 0) return -1;
     const char **groups = rb_calloc(n, sizeof *groups);
     char **ids = rb_calloc(n, sizeof *ids), **prev = rb_calloc(n, sizeof *prev);
     int r = groups && ids && prev ? 0 : -1, any = 0;
     if (r < 0) mg_fail(j, MG_OOM);
     for (size_t i = 0; r == 0 && i < n; i++) {
         char hex[25];
-        held[i] = NULL;
         if (!docs[i] || !(groups[i] = mg_doc_str(docs[i], "group")) || !mg_doc_oid(docs[i], hex))
             continue;
         if (!(ids[i] = rb_strdup(hex))) { mg_fail(j, MG_OOM); r = -1; }
@@ -361,6 +397,15 @@ static int kick_groups(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, dou
         for (size_t k = 0; k < i && !ours; k++) ours = ids[k] && !strcmp(ids[k], prev[i]);
         if (ours && !(held[i] = rb_strdup(prev[i]))) { mg_fail(j, MG_OOM); r = -1; }
         if (!ours) r = mg_group_live_prev(j, c, groups[i], ids[i], prev[i], &held[i]);
+        /* one linked behind it while it was flagged comes after it: it waits instead for
+         * what was before it */
+        int after = r == 0 && held[i] && !ours ? mg_group_reaches(j, c, held[i], ids[i]) : 0;
+        if (after < 0) r = -1;
+        if (after > 0) {
+            free(held[i]);
+            held[i] = NULL;
+            r = mg_group_live_prev(j, c, groups[i], ids[i], ids[i], &held[i]);
+        }
         if (r == 0 && held[i]) r = mg_deps_mark(j, c, &held[i], 1, ids[i], now);
     }
     for (size_t i = 0; i < n; i++) {

@@ -16,7 +16,12 @@
  *    released when nothing before it is live. A predecessor that settled while it was held
  *    itself (cancelled) still has its own gprev: the look goes back through it, so the one
  *    after a cancelled middle waits for the head that still runs.
- *  - A kicked grouped delivery joins its group again at the tail, like a new one.
+ *  - A kicked grouped delivery joins its group again at the tail, like a new one. It is
+ *    flagged first (kick_at, on its own document through the versioned write): a look back
+ *    takes a flagged one for live, so an enqueue that links behind it before the kick lands
+ *    waits for it. Linked, it waits for the live one before the tail it went behind, unless
+ *    that one was linked after it in the meantime (mg_group_reaches): then for what was before
+ *    it.
  *  - The link comes before the insert, so a later enqueue may find its predecessor not there
  *    yet: for GROUP_GRACE_S after its id was made it counts as live, unless marked gone (an
  *    enqueue that will not insert it after all, a delete: mg_groups_gone). After that, or
@@ -34,6 +39,7 @@
 #define LINK_ROUNDS 10      /* versioned writes of one group's tail lost in a row, at most */
 #define CHAIN_LOOK_MAX 100000   /* settled predecessors a look goes back through, at most */
 #define RECENT_MAX 64       /* the tails a group document remembers */
+#define REACH_MAX 1000      /* held ones a look for a kicked one goes back through, at most */
 
 /* The group document's _id: the SHA-256 of the name in hex (a name is up to 512 bytes; a
  * ticket names its document's _id in at most 120). */
@@ -291,13 +297,22 @@ int mg_group_live_prev(mjob *j, mongoc_client_t *c, const char *group, const cha
             r = -1;
             break;
         }
-        if (self && !strcmp(at, self)) continue;   /* back to itself: kicked, it came after */
+        int itself = self && !strcmp(at, self);
         int failed = 0;
         bson_t *d = mg_find_by_id(j, cl, at, &failed);
         if (failed) { r = -1; break; }
+        if (d && itself) {
+            /* back to itself (a kick links it behind the tail it was): what was before it */
+            const char *back = mg_doc_str(d, "gprev");
+            if (back && !walk_add(&w, back)) { mg_fail(j, MG_OOM); r = -1; }
+            bson_destroy(d);
+            continue;
+        }
         if (d) {
             const char *st = mg_doc_str(d, "status");
-            if (st && (!strcmp(st, "pending") || !strcmp(st, "processing"))) {
+            /* one an operator is kicking (kick_groups) is live from its flag on */
+            int kicking = mg_doc_num(d, "kick_at") > now - KICK_GRACE_S;
+            if (kicking || (st && (!strcmp(st, "pending") || !strcmp(st, "processing")))) {
                 if (!(*out = rb_strdup(at))) { mg_fail(j, MG_OOM); r = -1; }
                 bson_destroy(d);
                 break;      /* live: the one to wait for */
@@ -367,4 +382,26 @@ void mg_groups_prune(mstore *s, mongoc_client_t *c)
     mongoc_collection_delete_many(gc, f, NULL, NULL, NULL);
     bson_destroy(f);
     mongoc_collection_destroy(gc);
+}
+
+int mg_group_reaches(mjob *j, mongoc_client_t *c, const char *from, const char *x)
+{
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    char *at = from ? rb_strdup(from) : NULL;
+    int r = 0;
+    if (from && !at) { mg_fail(j, MG_OOM); r = -1; }
+    for (int step = 0; r == 0 && at && step < REACH_MAX; step++) {
+        if (!strcmp(at, x)) { r = 1; break; }
+        int failed = 0;
+        bson_t *d = mg_find_by_id(j, cl, at, &failed);
+        if (failed) { r = -1; break; }
+        const char *back = d ? mg_doc_str(d, "gprev") : NULL;
+        free(at);
+        at = NULL;
+        if (back && !(at = rb_strdup(back))) { mg_fail(j, MG_OOM); r = -1; }
+        if (d) bson_destroy(d);
+    }
+    free(at);
+    mongoc_collection_destroy(cl);
+    return r;
 }

@@ -301,6 +301,10 @@ int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char 
 #define GROUP_GRACE_S 300.0
 int mg_group_live_prev(mjob *j, mongoc_client_t *c, const char *group, const char *self,
                        const char *prev, char **out);
+/* Whether `x` comes before `from` in its group: reached going back from `from` through the
+ * held ones' gprev. 1 yes, 0 no, -1 j failed. */
+int mg_group_reaches(mjob *j, mongoc_client_t *c, const char *from, const char *x);
+#define KICK_GRACE_S 60.0           /* a kick's flag (kick_at) counts this long at most */
 /* Marks ids[0..n) as never to be live (again): grouped deliveries an enqueue linked and will
  * not insert, or deleted ones. -1: j failed. */
 int mg_groups_gone(mjob *j, mongoc_client_t *c, char *const *ids, size_t n);
