@@ -390,11 +390,12 @@ static int kick_groups(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, dou
         if (!(ids[i] = rb_strdup(hex))) { mg_fail(j, MG_OOM); r = -1; }
         any = 1;
     }
-    if (r == 0 && any) r = mg_groups_link(j, c, groups, ids, n, prev);
+    long *item = r == 0 ? rb_calloc(n ? n : 1, sizeof *item) : NULL;
+    if (r == 0 && !item) { mg_fail(j, MG_OOM); r = -1; }
+    if (r == 0 && any) r = mg_groups_link(j, c, groups, ids, n, prev, item);
     for (size_t i = 0; any && r == 0 && i < n; i++) {
         if (!prev[i]) continue;
-        int ours = 0;       /* kicked in this batch too: live once its kick lands */
-        for (size_t k = 0; k < i && !ours; k++) ours = ids[k] && !strcmp(ids[k], prev[i]);
+        int ours = item[i] >= 0;    /* kicked in this batch too: live once its kick lands */
         if (ours && !(held[i] = rb_strdup(prev[i]))) { mg_fail(j, MG_OOM); r = -1; }
         if (!ours) r = mg_group_live_prev(j, c, groups[i], ids[i], prev[i], &held[i]);
         /* one linked behind it while it was flagged comes after it: it waits instead for
@@ -412,7 +413,7 @@ static int kick_groups(mjob *j, mongoc_client_t *c, bson_t **docs, size_t n, dou
         if (ids) free(ids[i]);
         if (prev) free(prev[i]);
     }
-    free(ids); free(prev); free(groups);
+    free(ids); free(prev); free(groups); free(item);
     return r;
 }
 

@@ -400,7 +400,7 @@ static void doc_grouped(bson_t **d, const char *live)
 /* The grouped items to insert join their groups' tails; each whose predecessor is live (one
  * of this batch is) is held behind it, with the predecessor's marker written first. */
 static int group_items(enq_job *q, mongoc_client_t *c, bson_t **docs, const int *want,
-                       held_kind *holds, double now)
+                       held_kind *holds, long *prev_item, double now)
 {
     mjob *j = &q->j;
     size_t n = q->n, ng = 0;
@@ -411,12 +411,11 @@ static int group_items(enq_job *q, mongoc_client_t *c, bson_t **docs, const int 
     int r = groups && prev ? 0 : -1;
     if (r < 0) mg_fail(j, MG_OOM);
     for (size_t i = 0; r == 0 && i < n; i++) groups[i] = want[i] ? q->items[i].group : NULL;
-    if (r == 0) r = mg_groups_link(j, c, groups, q->ids, n, prev);
+    if (r == 0) r = mg_groups_link(j, c, groups, q->ids, n, prev, prev_item);
     for (size_t i = 0; r == 0 && i < n; i++) {
         if (!prev[i]) continue;
         char *live = NULL;
-        int ours = 0;       /* an earlier item of this batch: live once inserted */
-        for (size_t k = 0; k < i && !ours; k++) ours = want[k] && !strcmp(q->ids[k], prev[i]);
+        int ours = prev_item[i] >= 0;   /* an earlier item of this batch: live once inserted */
         if (ours) live = rb_strdup(prev[i]);
         else r = mg_group_live_prev(j, c, q->items[i].group, q->ids[i], prev[i], &live);
         if (ours && !live) { mg_fail(j, MG_OOM); r = -1; }
@@ -474,10 +473,11 @@ static void enq_work(mjob *j, mongoc_client_t *c)
     int *want = rb_calloc(n, sizeof *want), *ins = rb_calloc(n, sizeof *ins), *dup = rb_calloc(n, sizeof *dup);
     int *replaced = rb_calloc(n, sizeof *replaced);
     int *linked = rb_calloc(n, sizeof *linked);     /* linked into its group (groups.c) */
+    long *prev_item = rb_calloc(n, sizeof *prev_item);  /* its group's previous item here */
     held_kind *holds = rb_calloc(n, sizeof *holds);     /* (calloc: AFTER_DUE) */
     q->ids = rb_calloc(n, sizeof *q->ids);
     q->kept = rb_calloc(n, sizeof *q->kept);
-    if (!docs || !want || !ins || !dup || !replaced || !linked || !holds || !q->ids || !q->kept) {
+    if (!docs || !want || !ins || !dup || !replaced || !linked || !prev_item || !holds || !q->ids || !q->kept) {
         mg_fail(j, "out of memory");
         goto out;
     }
@@ -502,7 +502,7 @@ static void enq_work(mjob *j, mongoc_client_t *c)
         }
     }
     for (size_t i = 0; i < n; i++) linked[i] = want[i] && q->items[i].group;
-    if (group_items(q, c, docs, want, holds, now) < 0) goto out;
+    if (group_items(q, c, docs, want, holds, prev_item, now) < 0) goto out;
     if (j->s->ferret && enq_entries(q, c, want, holds, now) < 0) goto out;
     int again = 0;
     for (int round = 0; round < 5; round++) {
@@ -579,7 +579,7 @@ static void enq_work(mjob *j, mongoc_client_t *c)
             if (!own && q->items[i].group) {
                 int *only = rb_calloc(n, sizeof *only);
                 if (only) only[i] = linked[i] = 1;
-                int gr = only ? group_items(q, c, docs, only, holds, mg_now(j->s)) : -1;
+                int gr = only ? group_items(q, c, docs, only, holds, prev_item, mg_now(j->s)) : -1;
                 free(only);
                 if (gr < 0) {
                     if (!j->err[0]) mg_fail(j, "out of memory");
@@ -605,7 +605,7 @@ out:
     if (linked) forget_linked(q, c, docs, linked, ins);
     for (size_t i = 0; docs && i < n; i++)
         if (docs[i]) bson_destroy(docs[i]);
-    free(docs); free(want); free(ins); free(dup); free(replaced); free(linked); free(holds);
+    free(docs); free(want); free(ins); free(dup); free(replaced); free(linked); free(prev_item); free(holds);
     mongoc_collection_destroy(cl);
 }
 
@@ -634,6 +634,9 @@ enq_job *mg_enq_prepare(mstore *s, const rb_enqueue_item *items, size_t n,
         const char *payload = items[i].payload ? items[i].payload : "null";
         if (!items[i].topic) {
             snprintf(err, errlen, "mongodb: enqueue: delivery %zu has no topic", i + 1);
+        } else if (items[i].group && items[i].nafter) {
+            /* (the Lua binding says so too; a release for its group would drop its after) */
+            snprintf(err, errlen, "mongodb: enqueue: delivery %zu: after and group do not go together", i + 1);
         } else if (items[i].key && !rb_utf8_valid(items[i].key, strlen(items[i].key))) {
             /* (BSON strings are UTF-8: the server keeps such a key, then finds it by no query) */
             snprintf(err, errlen, "mongodb: enqueue: delivery %zu's key is not UTF-8", i + 1);

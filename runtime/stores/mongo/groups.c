@@ -36,7 +36,7 @@
 #include "util/alloc.h"
 #include "util/check.h"
 
-#define LINK_ROUNDS 10      /* versioned writes of one group's tail lost in a row, at most */
+#define LINK_ROUNDS 40      /* versioned writes of one group's tail lost in a row, at most */
 #define CHAIN_LOOK_MAX 100000   /* settled predecessors a look goes back through, at most */
 #define RECENT_MAX 64       /* the tails a group document remembers */
 #define REACH_MAX 1000      /* held ones a look for a kicked one goes back through, at most */
@@ -127,9 +127,12 @@ static void recent_append(bson_t *arr, const bson_t *gdoc, char *const *ids, con
 }
 
 int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char *const *ids,
-                   size_t n, char **prev)
+                   size_t n, char **prev, long *prev_item)
 {
-    for (size_t i = 0; i < n; i++) prev[i] = NULL;
+    for (size_t i = 0; i < n; i++) {
+        prev[i] = NULL;
+        if (prev_item) prev_item[i] = -1;
+    }
     member *m = rb_calloc(n ? n : 1, sizeof *m);
     size_t nm = 0;
     if (!m) { mg_fail(j, MG_OOM); return -1; }
@@ -151,6 +154,12 @@ int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char 
             start[nruns++] = k;
         }
     if (start) start[nruns] = nm;
+    /* this process's jobs link into one group one at a time (busy.c): only other processes'
+     * enqueues can make a link lose */
+    mg_busy *held = r == 0 ? rb_calloc(nruns + 1, sizeof *held) : NULL;
+    if (r == 0 && !held) { mg_fail(j, MG_OOM); r = -1; }
+    for (size_t k = 0; held && k < nruns; k++) held[k].key = gid[k];
+    if (held) mg_busy_take(j->s, held, nruns);
     mongoc_collection_t *gc = mg_coll(j->s, c, j->s->groups);
     size_t left = nruns;
     for (int round = 0; r == 0 && left && round < LINK_ROUNDS; round++) {
@@ -178,8 +187,10 @@ int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char 
                 /* the first member follows the old tail; each other one the member before */
                 const char *old = mg_doc_str(docs[k], "tail");
                 if (old && !(prev[m[start[k]].i] = rb_strdup(old))) { mg_fail(j, MG_OOM); r = -1; }
-                for (size_t x = start[k] + 1; r == 0 && x < start[k + 1]; x++)
+                for (size_t x = start[k] + 1; r == 0 && x < start[k + 1]; x++) {
                     if (!(prev[m[x].i] = rb_strdup(ids[m[x - 1].i]))) { mg_fail(j, MG_OOM); r = -1; }
+                    if (prev_item) prev_item[m[x].i] = (long)m[x - 1].i;
+                }
                 done[k] = 1;
                 left--;
             }
@@ -194,10 +205,18 @@ int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char 
         r = -1;
     }
     mongoc_collection_destroy(gc);
+    if (held) {
+        mg_busy_give(j->s, held, nruns);
+        free(held);
+    }
     for (size_t k = 0; docs && k < nruns; k++) if (docs[k]) bson_destroy(docs[k]);
     free(docs); free(ops); free(opk); free(done); free(gid); free(start); free(m);
     if (r < 0)
-        for (size_t i = 0; i < n; i++) { free(prev[i]); prev[i] = NULL; }
+        for (size_t i = 0; i < n; i++) {
+            free(prev[i]);
+            prev[i] = NULL;
+            if (prev_item) prev_item[i] = -1;
+        }
     return r;
 }
 

@@ -291,9 +291,10 @@ void mg_deps_after_write(mjob *j, mongoc_client_t *c, mg_deps_look look, char *c
 /* ---- groups.c ---- */
 /* Links the grouped items of a batch (groups[i] non-NULL, ids[i] their ids) into their groups,
  * in batch order: prev[i] (malloc'd) the id of the delivery before item i in its group, NULL
- * for a group's first. -1: j failed (no prev set). */
+ * for a group's first; prev_item[i] (when not NULL) the index of that one when it is an item
+ * of the batch, else -1. -1: j failed (no prev set). */
 int mg_groups_link(mjob *j, mongoc_client_t *c, const char *const *groups, char *const *ids,
-                   size_t n, char **prev);
+                   size_t n, char **prev, long *prev_item);
 /* The live delivery (pending or processing) a grouped delivery `self` held behind `prev` must
  * wait for: prev, or the first live one before it through the settled ones held in turn (a
  * missing one counts as live for GROUP_GRACE_S unless marked gone); *out (malloc'd) NULL

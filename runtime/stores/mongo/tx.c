@@ -318,6 +318,20 @@ static void end_work(mjob *j, mongoc_client_t *c)
         mg_fail_bson(j, "rollback", &e);
     }
     if (q->complete && j->err[0]) q->complete->applied = 0;
+    if (q->complete && q->complete->applied) {
+        /* completed for good: the deliveries after it (deps.c, groups.c) and its limit's slot
+         * (limits.c), as a settle outside a transaction does */
+        char *id = (char *)q->complete->id;
+        mg_deps_after_write(j, c, MG_DEPS_SETTLED, &id, 1);
+        char *topic = q->complete->token ? mg_limits_ended(j->s, q->complete->token) : NULL;
+        if (topic) {
+            char kept[ERRLEN], *tok = (char *)q->complete->token;
+            memcpy(kept, j->err, sizeof kept);
+            if (mg_limits_give_back(j, c, topic, &tok, 1) == 0) j->released = 1;
+            memcpy(j->err, kept, sizeof kept);
+            free(topic);
+        }
+    }
 }
 
 static void end_done(mjob *j, const char *err)
