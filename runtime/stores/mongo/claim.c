@@ -35,20 +35,6 @@ static void note_buried(claim_job *q, const bson_t *d, size_t most)
     if ((q->buried[q->nburied] = rb_strdup(hex))) q->nburied++;
 }
 
-static void append_topics(bson_t *f, char **topics, size_t n)
-{
-    bson_t in, arr;
-    BSON_APPEND_DOCUMENT_BEGIN(f, "topic", &in);
-    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-    for (size_t i = 0; i < n; i++) {
-        char k[16];
-        const char *key;
-        bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
-        bson_append_utf8(&arr, key, -1, topics[i], -1);
-    }
-    bson_append_array_end(&in, &arr);
-    bson_append_document_end(f, &in);
-}
 static bson_t *upd_claim(const bson_t *cur, const char *token, double now, double lease)
 {
     bson_t *u = bson_new(), set;
@@ -85,7 +71,7 @@ static int claim_candidates(claim_job *q, mongoc_collection_t *cl, char **topics
 {
     if (!nt || !limit) return 0;
     bson_t f = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort;
-    append_topics(&f, topics, nt);
+    mg_append_in(&f, "topic", topics, nt);
     mg_append_due(&f, now);
     BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
     BSON_APPEND_INT32(&sort, "run_at", 1);

@@ -299,3 +299,18 @@ bson_t *mg_oid_sel(const char *id, int *ok)
     if (*ok) BSON_APPEND_OID(sel, "_id", &oid);
     return sel;
 }
+
+void mg_append_in(bson_t *f, const char *field, char *const *vals, size_t n)
+{
+    bson_t in, arr;
+    BSON_APPEND_DOCUMENT_BEGIN(f, field, &in);
+    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+    for (size_t i = 0; i < n; i++) {
+        char k[16];
+        const char *key;
+        bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
+        bson_append_utf8(&arr, key, -1, vals[i], -1);
+    }
+    bson_append_array_end(&in, &arr);
+    bson_append_document_end(f, &in);
+}

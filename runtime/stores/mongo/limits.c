@@ -151,17 +151,8 @@ int mg_limits_load(mjob *j, mongoc_client_t *c, char *const *topics, size_t n, d
     memset(out, 0, sizeof *out);
     if (!n) return 0;
     mongoc_collection_t *lc = mg_coll(j->s, c, j->s->limits);
-    bson_t f = BSON_INITIALIZER, in, arr;
-    BSON_APPEND_DOCUMENT_BEGIN(&f, "_id", &in);
-    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-    for (size_t i = 0; i < n; i++) {
-        char k[16];
-        const char *key;
-        bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
-        bson_append_utf8(&arr, key, -1, topics[i], -1);
-    }
-    bson_append_array_end(&in, &arr);
-    bson_append_document_end(&f, &in);
+    bson_t f = BSON_INITIALIZER;
+    mg_append_in(&f, "_id", topics, n);
     bson_t **docs = NULL;
     size_t nd = 0;
     int r = mg_find_docs(j, lc, &f, NULL, NULL, &docs, &nd);

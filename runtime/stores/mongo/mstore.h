@@ -153,6 +153,8 @@ int mg_parse_oid(const char *id, bson_oid_t *oid);
 bson_t *mg_oid_sel(const char *id, int *ok);
 char *mg_dedupe_value(const char *topic, const char *key);
 int mg_bulk_write_errors(const bson_t *reply, int *codes, size_t n);
+/* Appends {field: {$in: [vals...]}} (strings) to f. */
+void mg_append_in(bson_t *f, const char *field, char *const *vals, size_t n);
 int mg_bulk_run(mjob *j, mongoc_bulk_operation_t *b, int *codes, size_t n, const char *what);
 mongoc_bulk_operation_t *mg_unordered_bulk(mongoc_collection_t *cl);
 int mg_find_docs(mjob *j, mongoc_collection_t *cl, const bson_t *filter, const bson_t *opts,

@@ -23,17 +23,8 @@ int mg_split_paused(mjob *j, mongoc_client_t *c, char **topics, size_t *n, size_
 {
     *npaused = 0;
     mongoc_collection_t *cl = mg_coll(j->s, c, j->s->topics);
-    bson_t f = BSON_INITIALIZER, in, arr;
-    BSON_APPEND_DOCUMENT_BEGIN(&f, "_id", &in);
-    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-    for (size_t i = 0; i < *n; i++) {
-        char k[16];
-        const char *key;
-        bson_uint32_to_string((uint32_t)i, &key, k, sizeof k);
-        bson_append_utf8(&arr, key, -1, topics[i], -1);
-    }
-    bson_append_array_end(&in, &arr);
-    bson_append_document_end(&f, &in);
+    bson_t f = BSON_INITIALIZER, in;
+    mg_append_in(&f, "_id", topics, *n);
     BSON_APPEND_DOCUMENT_BEGIN(&f, "paused_at", &in);
     BSON_APPEND_NULL(&in, "$ne");
     bson_append_document_end(&f, &in);
