@@ -2104,6 +2104,42 @@ for _, entry in ipairs(S.list { dialects = true }) do
         end
       end)
 
+      -- (found by review on MongoDB, whose limits counted only the runs claimed after the
+      -- limit's document was made)
+      it("a concurrency limit set while runs of the topic are going counts them", function()
+        for i = 1, 3 do assert(store:enqueue("lm.late", { first = true, i = i })) end
+        local running, first_running, first_ended_at, later = 0, 0, {}, {}
+        local d = H.dispatcher(store, { concurrency = 8, poll_interval = 0.02 })
+        local stop = H.stopper(d)
+        d:handle("lm.late", function(delivery, ctx)
+          running = running + 1
+          if delivery.payload.first then
+            first_running = first_running + 1
+            if first_running == 3 then
+              -- all three run: now the limit, and three more
+              relaybus.spawn(function()
+                assert(store:limit("lm.late", { concurrency = 1 }))
+                for i = 1, 3 do assert(store:enqueue("lm.late", { first = false, i = i })) end
+              end)
+            end
+            ctx:sleep(0.6)
+            first_ended_at[#first_ended_at + 1] = relaybus.now()
+          else
+            later[#later + 1] = { at = relaybus.now(), running = running }
+            ctx:sleep(0.05)
+            if #later == 3 then stop() end
+          end
+          running = running - 1
+        end)
+        assert.is_true((H.run(d, 20)))
+        assert.equal(3, #first_ended_at)
+        local last_first = math.max(table.unpack(first_ended_at))
+        for _, r in ipairs(later) do
+          assert.is_true(r.at >= last_first, "one started while the three that ran before the limit still ran")
+          assert.equal(1, r.running, "two ran at once under a limit of 1")
+        end
+      end)
+
       it("rate: in any window of S seconds at most N start (a sliding window); then the rest", function()
         assert(store:limit("lm.rate", { rate = 3, per = 0.4 }))
         for i = 1, 9 do assert(store:enqueue("lm.rate", { i = i })) end

@@ -2,6 +2,7 @@
  * then their claims through tickets (tickets.c). On FerretDB, where that find would decode
  * every document of the collection, from the head of the ready queue (readyq.c): read the
  * head, classify each entry by its delivery (due, not yet, settled, gone), claim the due. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "stores/mongo/mstore.h"
@@ -112,6 +113,7 @@ static int limits_reserve(claim_job *q, mongoc_client_t *c, bson_t *const *docs,
 {
     for (size_t i = 0; i < n; i++) keep[i] = 1;
     if (!q->lims.n) return 0;
+    for (size_t i = 0; i < n; i++) keep[i] = limited_of(q, docs[i]) == NULL;   /* until reserved */
     mg_slot *add = rb_calloc(n ? n : 1, sizeof *add);
     if (!add) { mg_fail(&q->j, MG_OOM); return -1; }
     int r = 0;
@@ -125,13 +127,50 @@ static int limits_reserve(claim_job *q, mongoc_client_t *c, bson_t *const *docs,
             }
         if (!m) continue;
         RB_ASSERT(m <= l->allow);       /* the candidates were capped by it */
-        int won = mg_limits_reserve(&q->j, c, l, add, m, now);
+        /* this process's jobs write one limit document at a time: only other processes'
+         * writes make a reservation lose; a lost one is judged again and tried again */
+        mg_busy key = {.key = l->topic};
+        mg_busy_take(q->j.s, &key, 1);
+        int won = 0;
+        for (int round = 0; r == 0 && m && round < MG_RESERVE_ROUNDS; round++) {
+            if ((won = mg_limits_reserve(&q->j, c, l, add, m, now)) != 0) break;
+            if (mg_limits_reload(&q->j, c, l, now) < 0) r = -1;
+            else if (m > l->allow) m = l->allow;    /* the first of them, as many as may start */
+        }
+        mg_busy_give(q->j.s, &key, 1);
         if (won < 0) r = -1;
-        for (size_t i = 0; !won && i < n; i++)
-            if (limited_of(q, docs[i]) == l) keep[i] = 0;
+        size_t seen = 0;
+        for (size_t i = 0; i < n; i++) {
+            char hex[25];
+            if (limited_of(q, docs[i]) != l) continue;
+            /* (one whose id is no ObjectId had no slot reserved: not claimed either) */
+            keep[i] = won > 0 && mg_doc_oid(docs[i], hex) && seen++ < m;
+        }
     }
     free(add);
     return r;
+}
+
+/* The claim failed after its reservations (keep[i] for those reserved): their slots and starts
+ * go now rather than with their leases. */
+static void limits_undo(claim_job *q, mongoc_client_t *c, bson_t *const *docs, size_t n,
+                        char (*tokens)[33], const char *keep, double at)
+{
+    char **mine = q->lims.n ? rb_calloc(n ? n : 1, sizeof *mine) : NULL;
+    for (size_t li = 0; mine && li < q->lims.n; li++) {
+        mg_lim *l = &q->lims.v[li];
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (keep[i] && limited_of(q, docs[i]) == l) mine[m++] = tokens[i];
+        if (!m) continue;
+        char kept[ERRLEN];
+        memcpy(kept, q->j.err, sizeof kept);
+        q->j.err[0] = 0;
+        if (mg_limits_finish(&q->j, c, l->topic, mine, m, 0, at, at) < 0)
+            rb_log(RB_LOG_WARN, "mongodb: limits: %s (the slots end with their leases)", q->j.err);
+        memcpy(q->j.err, kept, sizeof kept);
+    }
+    free(mine);
 }
 
 /* After the claim's writes: each won run of a limited topic is noted (its settle gives its
@@ -141,14 +180,20 @@ static void limits_after(claim_job *q, mongoc_client_t *c, bson_t *const *docs, 
 {
     if (!q->lims.n) return;
     char **lost = rb_calloc(n ? n : 1, sizeof *lost);
-    double done = mg_now(q->j.s);
+    double done = fmax(mg_now(q->j.s), at);     /* (a clock refresh may step back) */
     for (size_t li = 0; lost && li < q->lims.n; li++) {
         mg_lim *l = &q->lims.v[li];
         size_t m = 0, won = 0;
         for (size_t i = 0; i < n; i++) {
             if (limited_of(q, docs[i]) != l) continue;
-            if (ops[i].won && mg_limits_started(q->j.s, l->topic, tokens[i]) == 0) won++;
-            else lost[m++] = tokens[i];     /* (a run not noted: its slot goes now) */
+            if (!ops[i].won) {
+                lost[m++] = tokens[i];
+                continue;
+            }
+            won++;
+            /* (a run that could not be noted keeps its slot until its lease ends) */
+            if (mg_limits_started(q->j.s, l->topic, tokens[i]) < 0)
+                rb_log(RB_LOG_WARN, "mongodb: limits: out of memory (a slot ends with its lease)");
         }
         if (m || (won && l->rate > 0)) {
             /* (the claim stands: a failure here only keeps the slots until their leases end) */
@@ -219,13 +264,16 @@ static void claim_scan(claim_job *q, mongoc_client_t *c)
     char (*tokens)[33] = r == 0 && n ? new_tokens(q, n) : NULL;
     char *keep = tokens ? rb_calloc(n, 1) : NULL;
     if (tokens && !keep) mg_fail(j, MG_OOM);
-    if (keep && limits_reserve(q, c, docs, n, tokens, keep, now) == 0) {
+    int reserved = keep ? limits_reserve(q, c, docs, n, tokens, keep, now) : -1;
+    if (keep && reserved < 0) limits_undo(q, c, docs, n, tokens, keep, now);
+    if (reserved == 0) {
         /* those whose reservation lost stay as they are */
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             if (!keep[i]) { bson_destroy(docs[i]); continue; }
             docs[m] = docs[i];
-            memcpy(tokens[m++], tokens[i], sizeof tokens[i]);
+            if (m != i) memcpy(tokens[m], tokens[i], sizeof tokens[i]);
+            keep[m++] = 1;
         }
         n = m;
         cas_op *ops = claim_ops(q, docs, n, now, tokens);
@@ -238,6 +286,8 @@ static void claim_scan(claim_job *q, mongoc_client_t *c)
                     note_buried(q, docs[i], n);
                 }
             limits_after(q, c, docs, n, ops, tokens, now);
+        } else {
+            limits_undo(q, c, docs, n, tokens, keep, now);
         }
         if (ops) mg_cas_free(ops, n);
     }
@@ -433,21 +483,29 @@ static void queue_claim(claim_job *q, mongoc_client_t *c, qhead *h, qbatch *qb, 
         return;
     }
     for (size_t i = 0; i < nc; i++) docs[i] = h->cands[i].doc;
-    if (limits_reserve(q, c, docs, nc, tokens, keep, now) == 0) {
+    int reserved = limits_reserve(q, c, docs, nc, tokens, keep, now);
+    if (reserved < 0) limits_undo(q, c, docs, nc, tokens, keep, now);
+    qcand *use = reserved == 0 ? rb_calloc(nc ? nc : 1, sizeof *use) : NULL;
+    if (reserved == 0 && !use) {
+        mg_fail(&q->j, MG_OOM);
+        limits_undo(q, c, docs, nc, tokens, keep, now);
+    }
+    if (use) {
         size_t m = 0;       /* (the dropped stay in h->cands: freed with them) */
-        qcand *use = rb_calloc(nc ? nc : 1, sizeof *use);
-        if (!use) mg_fail(&q->j, MG_OOM);
-        for (size_t i = 0; use && i < nc; i++) {
+        for (size_t i = 0; i < nc; i++) {
             if (!keep[i]) continue;
             use[m] = h->cands[i];
             docs[m] = docs[i];
-            memcpy(tokens[m++], tokens[i], sizeof tokens[i]);
+            if (m != i) memcpy(tokens[m], tokens[i], sizeof tokens[i]);
+            keep[m++] = 1;
         }
-        cas_op *ops = use ? claim_ops(q, docs, m, now, tokens) : NULL;
+        cas_op *ops = claim_ops(q, docs, m, now, tokens);
         if (ops && mg_cas_run(&q->j, c, q->j.s->base.table, ops, m, now) == 0) {
             for (size_t i = 0; i < m; i++)
                 if (ops[i].won) queue_claimed(q, &use[i], tokens[i], ops[i].old_v, qb, now);
             limits_after(q, c, docs, m, ops, tokens, now);
+        } else {
+            limits_undo(q, c, docs, m, tokens, keep, now);
         }
         if (ops) mg_cas_free(ops, m);
         free(use);
@@ -539,12 +597,19 @@ void mg_claim(rb_store *st, const rb_claim_req *req, rb_claim_cb cb, void *ud)
         cb(ud, MG_OOM, NULL);
         return;
     }
-    q->ntopics = q->nasked = req->ntopics;
-    for (size_t i = 0; i < req->ntopics; i++)
-        if (!(q->topics[i] = rb_strdup(req->topics[i]))) {
+    /* each topic once: a limited one asked twice would be capped twice */
+    for (size_t i = 0; i < req->ntopics; i++) {
+        int again = 0;
+        for (size_t k = 0; k < q->ntopics && !again; k++) again = !strcmp(q->topics[k], req->topics[i]);
+        if (again) continue;
+        if (!(q->topics[q->ntopics] = rb_strdup(req->topics[i]))) {
+            q->nasked = q->ntopics;
             claim_done(&q->j, MG_OOM);
             return;
         }
+        q->ntopics++;
+    }
+    q->nasked = q->ntopics;
     q->limit = req->limit;
     q->lease = req->lease_duration;
     mg_submit(s, &q->j);

@@ -66,13 +66,19 @@ int mg_read_by_ids(mjob *j, mongoc_collection_t *cl, char *const *ids, size_t n,
     for (size_t d = 0; d < nd; d++) {
         char hex[25];
         int used = 0;
+        /* (an id given twice gets the document twice: a copy) */
         if (mg_doc_oid(docs[d], hex))
-            for (size_t i = 0; i < n && !used; i++)
-                if (!out[i] && strcmp(ids[i], hex) == 0) { out[i] = docs[d]; used = 1; }
+            for (size_t i = 0; i < n; i++)
+                if (!out[i] && strcmp(ids[i], hex) == 0) {
+                    out[i] = used ? bson_copy(docs[d]) : docs[d];
+                    used = 1;
+                    if (!out[i]) r = -1;
+                }
         if (!used) bson_destroy(docs[d]);
     }
     free(docs);
-    return 0;
+    if (r < 0) mg_fail(j, MG_OOM);
+    return r;
 }
 
 static void free_docs(bson_t **v, size_t n)

@@ -24,7 +24,6 @@
 #include "util/alloc.h"
 #include "util/check.h"
 
-#define RESERVE_ROUNDS 3        /* a lost reservation is tried again this often, then left */
 #define GIVE_BACK_ROUNDS 10
 
 /* ---- the document ---- */
@@ -111,8 +110,11 @@ static int judge(mjob *j, mongoc_collection_t *cl, mg_lim *l, double now)
     for (size_t x = 0; r == 0 && x < m; x++) {
         const bson_t *d = docs[x];
         const char *st = d ? mg_doc_str(d, "status") : NULL, *tok = d ? mg_doc_str(d, "lease_token") : NULL;
+        double lease = d ? mg_doc_num(d, "lease_expires_at") : 0;
         dead[at[x]] = !(st && !strcmp(st, "processing") && tok && !strcmp(tok, l->slots[at[x]].k) &&
-                        mg_doc_num(d, "lease_expires_at") > now);
+                        lease > now);
+        /* a renewed run: its slot counts without a read until the lease it renewed to */
+        if (!dead[at[x]]) l->slots[at[x]].exp = lease;
     }
     if (r == 0) {
         size_t k = 0;
@@ -178,6 +180,30 @@ int mg_limits_load(mjob *j, mongoc_client_t *c, char *const *topics, size_t n, d
     return r < 0 ? -1 : 0;
 }
 
+int mg_limits_reload(mjob *j, mongoc_client_t *c, mg_lim *l, double now)
+{
+    mongoc_collection_t *lc = mg_coll(j->s, c, j->s->limits);
+    bson_t sel = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&sel, "_id", l->topic);
+    int failed = 0;
+    bson_t *doc = mg_find_one(j, lc, &sel, NULL, &failed);
+    bson_destroy(&sel);
+    mongoc_collection_destroy(lc);
+    if (failed) return -1;
+    char *topic = l->topic;
+    slots_free(l);
+    if (l->doc) bson_destroy(l->doc);
+    memset(l, 0, sizeof *l);
+    l->topic = topic;
+    if (!doc) return 0;         /* cleared meanwhile: nothing may start of it now (allow 0) */
+    free(topic);
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    int r = load_one(j, cl, doc, l, now);
+    mongoc_collection_destroy(cl);
+    if (r < 0 && !j->err[0]) mg_fail(j, MG_OOM);
+    return r;
+}
+
 mg_lim *mg_lims_find(mg_lims *ls, const char *topic)
 {
     for (size_t i = 0; i < ls->n; i++)
@@ -241,6 +267,8 @@ int mg_limits_finish(mjob *j, mongoc_client_t *c, const char *topic, char *const
                      size_t n, size_t nwon, double at, double done)
 {
     if (!n && !nwon) return 0;
+    mg_busy key = {.key = topic};       /* one write of ours at a time (claim.c's reserve) */
+    mg_busy_take(j->s, &key, 1);
     mongoc_collection_t *lc = mg_coll(j->s, c, j->s->limits);
     bson_t sel = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&sel, "_id", topic);
@@ -296,6 +324,7 @@ int mg_limits_finish(mjob *j, mongoc_client_t *c, const char *topic, char *const
     }
     bson_destroy(&sel);
     mongoc_collection_destroy(lc);
+    mg_busy_give(j->s, &key, 1);
     return r;       /* (lost every round: the slots end with their leases) */
 }
 
@@ -355,6 +384,44 @@ typedef struct limit_job {
     rb_rowset *rs;
 } limit_job;
 
+/* A topic's new document: its limits, and a slot for each of its deliveries running under a
+ * live lease now (they count, as the SQL stores count them). NULL: j failed. */
+static bson_t *new_limit_doc(mjob *j, mongoc_client_t *c, const limit_job *q, double now)
+{
+    mongoc_collection_t *cl = mg_coll(j->s, c, j->s->base.table);
+    bson_t *f = BCON_NEW("topic", BCON_UTF8(q->topic), "status", "processing", "lease_expires_at",
+                         "{", "$gt", BCON_DOUBLE(now), "}");
+    bson_t *opts = BCON_NEW("projection", "{", "lease_token", BCON_INT32(1), "lease_expires_at",
+                            BCON_INT32(1), "}", "limit", BCON_INT64(MG_LIMIT_MAX));
+    bson_t **docs = NULL;
+    size_t n = 0;
+    int r = mg_find_docs(j, cl, f, opts, NULL, &docs, &n);
+    bson_destroy(f);
+    bson_destroy(opts);
+    mongoc_collection_destroy(cl);
+    if (r < 0) return NULL;
+    bson_t *d = BCON_NEW("_id", BCON_UTF8(q->topic), "rate", BCON_INT64(q->lim.rate),
+                         "per", BCON_DOUBLE(q->lim.per), "concurrency",
+                         BCON_INT64(q->lim.concurrency), "v", BCON_INT64((int64_t)(now * 1e6)),
+                         "starts", "[", "]");
+    bson_t arr, one;
+    BSON_APPEND_ARRAY_BEGIN(d, "slots", &arr);
+    for (size_t i = 0, k = 0; i < n; i++) {
+        char hex[25], key[24];
+        const char *tok = mg_doc_str(docs[i], "lease_token");
+        if (!tok || !mg_doc_oid(docs[i], hex)) continue;
+        snprintf(key, sizeof key, "%zu", k++);
+        BSON_APPEND_DOCUMENT_BEGIN(&arr, key, &one);
+        BSON_APPEND_UTF8(&one, "d", hex);
+        BSON_APPEND_UTF8(&one, "k", tok);
+        BSON_APPEND_DOUBLE(&one, "exp", mg_doc_num(docs[i], "lease_expires_at"));
+        bson_append_document_end(&arr, &one);
+    }
+    bson_append_array_end(d, &arr);
+    mg_docs_free(docs, n);
+    return d;
+}
+
 /* Set: the limits change, the slots and starts stay (a lower concurrency lets no more start
  * until enough end). Clear: the document goes. Both through the versioned write; a document
  * made anew starts its versions at the time in microseconds, so no old ticket names them. */
@@ -364,21 +431,20 @@ static void limit_work(mjob *j, mongoc_client_t *c)
     mongoc_collection_t *lc = mg_coll(j->s, c, j->s->limits);
     bson_t sel = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&sel, "_id", q->topic);
+    int wrote = 0;
     for (int round = 0; round < GIVE_BACK_ROUNDS; round++) {
         int failed = 0;
         double now = mg_now(j->s);
         bson_t *doc = mg_find_one(j, lc, &sel, NULL, &failed);
         if (failed) break;
-        if (!doc && q->clear) break;
+        if (!doc && q->clear) { wrote = 1; break; }
         if (!doc) {
-            bson_t *d = BCON_NEW("_id", BCON_UTF8(q->topic), "rate", BCON_INT64(q->lim.rate),
-                                 "per", BCON_DOUBLE(q->lim.per), "concurrency",
-                                 BCON_INT64(q->lim.concurrency), "v", BCON_INT64((int64_t)(now * 1e6)),
-                                 "slots", "[", "]", "starts", "[", "]");
+            bson_t *d = new_limit_doc(j, c, q, now);
+            if (!d) break;
             bson_error_t e;
             int ok = mongoc_collection_insert_one(lc, d, NULL, NULL, &e);
             bson_destroy(d);
-            if (ok) break;
+            if (ok) { wrote = 1; break; }
             if (e.code != 11000) { mg_fail_bson(j, "limit", &e); break; }
             mg_lost_wait(round);
             continue;       /* another made it meanwhile: set it */
@@ -395,11 +461,12 @@ static void limit_work(mjob *j, mongoc_client_t *c)
         int won = op.won;
         mg_cas_clear(&op);
         bson_destroy(doc);
-        if (r < 0 || won) break;
+        if (r < 0) break;
+        if (won) { wrote = 1; break; }
         mg_lost_wait(round);
-        if (round == GIVE_BACK_ROUNDS - 1)
-            mg_fail(j, "limit: lost to the claims' writes %d times in a row", GIVE_BACK_ROUNDS);
     }
+    if (!wrote && !j->err[0] && !q->clear)
+        mg_fail(j, "limit: lost to the claims' writes %d times in a row", GIVE_BACK_ROUNDS);
     bson_destroy(&sel);
     mongoc_collection_destroy(lc);
 }
@@ -416,6 +483,10 @@ static void limit_done(mjob *j, const char *err)
 
 void mg_limit(rb_store *st, const char *topic, const rb_limit *lim, rb_count_cb cb, void *ud)
 {
+    if (lim && !rb_limit_valid(lim)) {
+        cb(ud, "mongodb: limit: the limits are not valid (rb_limit_valid)", 0);
+        return;
+    }
     if (lim && (lim->rate > MG_LIMIT_MAX || lim->concurrency > MG_LIMIT_MAX)) {
         char err[160];
         snprintf(err, sizeof err, "mongodb: limit: rate and concurrency above %d are not supported on this store",

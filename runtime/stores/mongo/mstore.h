@@ -347,6 +347,9 @@ typedef struct mg_run_lim {
 int mg_limits_load(mjob *j, mongoc_client_t *c, char *const *topics, size_t n, double now,
                    mg_lims *out);
 mg_lim *mg_lims_find(mg_lims *ls, const char *topic);
+/* l read and judged again (after its reservation lost); a cleared limit leaves allow 0. */
+int mg_limits_reload(mjob *j, mongoc_client_t *c, mg_lim *l, double now);
+#define MG_RESERVE_ROUNDS 5         /* a claim's lost reservation is tried again, at most */
 void mg_lims_free(mg_lims *ls);
 /* Writes add[0..n) (n <= l->allow) into l's document, as slots and starts at now: 1 won, 0
  * lost to another writer (claim none of them), -1 j failed. */

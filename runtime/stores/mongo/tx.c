@@ -318,6 +318,8 @@ static void end_work(mjob *j, mongoc_client_t *c)
         mg_fail_bson(j, "rollback", &e);
     }
     if (q->complete && j->err[0]) q->complete->applied = 0;
+    if (q->complete && !q->complete->applied && q->complete->token)
+        free(mg_limits_ended(j->s, q->complete->token));   /* the run ended: forgotten here */
     if (q->complete && q->complete->applied) {
         /* completed for good: the deliveries after it (deps.c, groups.c) and its limit's slot
          * (limits.c), as a settle outside a transaction does */
