@@ -2068,6 +2068,16 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_false(okr)
         assert.truthy(tostring(errr):find("rate and per go together", 1, true), tostring(errr))
         assert.same({ { topic = "lm.b", concurrency = 3 } }, assert(store:limits()))
+        -- (attack: MongoDB keeps a window's starts in one document, so it caps both at 10,000)
+        local big, berr = store:limit("lm.big", { rate = 10001, per = 1 })
+        if sql then
+          assert.is_true(big, berr)
+        else
+          assert.is_nil(big)
+          H.one_line(berr)
+          assert.truthy(berr:find("above 10000", 1, true), berr)
+          assert.is_true(assert(store:limit("lm.big", { concurrency = 10000 })))
+        end
       end)
 
       it("concurrency: two dispatchers never run more than M of the topic at once; the held back count no attempt; others run beside", function()
