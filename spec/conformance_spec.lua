@@ -1389,6 +1389,87 @@ for _, entry in ipairs(S.list { dialects = true }) do
         expect(store, first, { status = "completed" })
       end)
 
+      -- Attacks on the claim that settles a head and takes its group's next in the same write
+      -- (PostgreSQL's schema 16): the next's own time, a pause and the limits still hold.
+      it("a group's next that is due later starts at its time, not when its head settles", function()
+        assert(store:enqueue("gr.later", { n = 1 }, { group = "g" }))
+        local later = assert(store:enqueue("gr.later", { n = 2 }, { group = "g", delay = 0.8 }))
+        local due = assert(store:get(later)).run_at
+        local started
+        local d = H.dispatcher(store, { poll_interval = 0.05 })
+        local stop = H.stopper(d)
+        d:handle("gr.later", function(delivery)
+          if delivery.payload.n == 2 then
+            started = relaybus.time()
+            stop()
+          end
+        end)
+        assert.is_true((H.run(d, 10)))
+        assert.is_true(started >= due - 0.05, string.format("started %.3f s before it was due", due - started))
+      end)
+
+      it("a group whose topic is paused while its head runs goes on only when resumed", function()
+        for i = 1, 2 do assert(store:enqueue("gr.pause", { n = i }, { group = "g" })) end
+        local order, resumed_at, second_at = {}, nil, nil
+        local d = H.dispatcher(store, { poll_interval = 0.05 })
+        local stop = H.stopper(d)
+        d:handle("gr.pause", function(delivery, ctx)
+          order[#order + 1] = delivery.payload.n
+          if delivery.payload.n == 1 then
+            assert.is_true(assert(store:pause("gr.pause")))
+            ctx:sleep(0.2)      -- past the poll interval: every store's claims know of it
+            relaybus.spawn(function()
+              relaybus.sleep(0.6)
+              resumed_at = relaybus.now()
+              assert(store:resume("gr.pause"))
+            end)
+          else
+            second_at = relaybus.now()
+            stop()
+          end
+        end)
+        d:handle("gr.other", function() end)  -- (so its claims still ask for a topic)
+        assert.is_true((H.run(d, 10)))
+        assert.same({ 1, 2 }, order)
+        assert.is_true(resumed_at ~= nil and second_at >= resumed_at, "the next of a paused group started")
+      end)
+
+      it("the groups of a limited topic keep its limits as their heads settle", function()
+        assert(store:limit("gr.conc", { concurrency = 1 }))
+        assert(store:limit("gr.rate", { rate = 2, per = 0.6 }))
+        for i = 1, 3 do
+          for _, g in ipairs { "a", "b" } do assert(store:enqueue("gr.conc", { n = i }, { group = g })) end
+        end
+        for i = 1, 4 do assert(store:enqueue("gr.rate", { n = i }, { group = "r" })) end
+        local running, most, starts, done = 0, 0, {}, 0
+        local d = H.dispatcher(store, { concurrency = 8, poll_interval = 0.02 })
+        local stop = H.stopper(d)
+        local function finished()
+          done = done + 1
+          if done == 10 then stop() end
+        end
+        d:handle("gr.conc", function(_, ctx)
+          running = running + 1
+          most = math.max(most, running)
+          ctx:sleep(0.03)
+          running = running - 1
+          finished()
+        end)
+        d:handle("gr.rate", function()
+          starts[#starts + 1] = relaybus.now()
+          finished()
+        end)
+        d:handle("gr.other", function() end)  -- (so its claims still ask for a topic)
+        assert.is_true((H.run(d, 20)))
+        assert.equal(1, most, "a limit of one ran two at once")
+        -- at most 2 starts in any 0.6 s: the third and fourth come a window after the first two
+        assert.equal(4, #starts)
+        for k = 3, 4 do
+          assert.is_true(starts[k] - starts[k - 2] >= 0.55,
+            string.format("starts %d and %d were %.3f s apart", k - 2, k, starts[k] - starts[k - 2]))
+        end
+      end)
+
       it("the group is in get, list and the claimed record; a number is taken as its text", function()
         local id = assert(store:enqueue("gr.rec", 1, { group = "órdenes-7" }))
         local n = assert(store:enqueue("gr.rec", 2, { group = 42 }))

@@ -44,7 +44,7 @@ local function runs_both(store, ids)
 end
 
 -- The current schema versions.
-local PG_VERSION, SQLITE_VERSION = 15, 8
+local PG_VERSION, SQLITE_VERSION = 16, 8
 local UNDO_SQLITE_SINCE_7
 
 -- The arguments of PostgreSQL's claim function since schema 7, those of schema 6 and those of
@@ -114,10 +114,26 @@ end
 -- The CHECK on status that migration 1 wrote, and the one of schema 10.
 local CHECK_OF_FOUR = "CHECK (status IN ('pending', 'processing', 'completed', 'buried'))"
 
+-- Brings PostgreSQL table t back to what schema 15 left: the claim function whose settles
+-- release the next of a group (its run_at back) and hand none on to the claim.
+local function back_to_version_15(store, t)
+  local def = claim_function(store, t, "pg_get_functiondef(oid)")
+  def = replace(def, " nexts bigint[]; handed bigint; waiting_status constant text := 'pending';\n", "")
+  local from, to = "    nexts := ARRAY(", ");\n    IF cardinality(nexts) > 0 AND p_limit > 0"
+  local a, b = assert(def:find(from, 1, true)), def:find(to, 1, true)
+  local nexts = def:sub(a + #from, b - 1)
+  def = cut(def, from, "AND held_run_at IS NOT NULL;\n    END IF;\n")
+  def = def:sub(1, a - 1) .. '    UPDATE "' .. t .. '" SET run_at = held_run_at, held_run_at = NULL'
+    .. " WHERE id = ANY(ARRAY(" .. nexts .. ")) AND held_run_at IS NOT NULL;\n" .. def:sub(a)
+  assert.is_nil(def:find("nexts", 1, true), def)
+  exec_all(store, def, "UPDATE relaybus_schema SET version = 15 WHERE table_name = '" .. t .. "'")
+end
+
 -- Brings PostgreSQL table t back to what schema 10 left: the claim function without groups
 -- (and its two wrappers, with 14 columns), no TABLE_enqueue, no group columns, indexes or
 -- triggers.
 local function back_to_version_10(store, t)
+  back_to_version_15(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, ", c_group text)", ")")
   def = replace(def, " limited text[]; lt text; lim record; allow bigint; want bigint; took bigint;\n", "")
@@ -892,6 +908,45 @@ print("RAN " .. table.concat(ran, ","))
           d:handle("tick", function() stop() end)
           assert.is_true((H.run(d, 10)))
           assert.equal(1, #assert(store:list { topic = "tick" }))
+          store:close()
+        end)
+
+        it("postgresql: a table of schema version 15 is migrated by open: a claim that settles a group's head is handed the next first; one held before goes on", function()
+          local url = entry.url()
+          local t = S.unique("v16")
+          local store = assert(relaybus.open(url, { table = t }))
+          back_to_version_15(store, t)
+          -- the group's first, an ungrouped one, then the group's second and third (held)
+          local ids = { assert(store:enqueue("grp", { n = 1 }, { group = "g" })) }
+          local other = assert(store:enqueue("grp", { n = 0 }))
+          for i = 2, 3 do ids[i] = assert(store:enqueue("grp", { n = i }, { group = "g" })) end
+          store = claims_then_migrates(url, store, t, 15)
+          -- the claim function as the dispatcher calls it, for one delivery at a time
+          local function claim(settle)
+            local ok, rows = store:transaction(function(tx)
+              return tx:query('SELECT c_id, c_settled, c_run_at FROM "' .. t .. '_claim"('
+                .. "ARRAY['grp'], 1, 30, 'tok', " .. (settle and ("ARRAY[" .. settle .. "]::bigint[],"
+                .. " ARRAY['tok'], ARRAY[0], ARRAY[0]::float8[], ARRAY[NULL]::text[]")
+                or "NULL, NULL, NULL, NULL, NULL") .. ", false, false)")
+            end)
+            assert.is_true(ok, rows)
+            local claimed = {}
+            for _, r in ipairs(rows) do
+              if r.c_settled == nil then claimed[#claimed + 1] = r end
+            end
+            return claimed
+          end
+          assert.equal(ids[1], claim()[1].c_id)
+          -- settling the head, the claim takes the group's second before the ungrouped one
+          -- that fell due earlier, with the run_at it was enqueued with
+          local handed = claim(ids[1])
+          assert.equal(1, #handed)
+          assert.equal(ids[2], handed[1].c_id)
+          assert.near(assert(store:get(ids[2])).created_at, handed[1].c_run_at, 1)
+          assert.equal("pending", assert(store:get(other)).status)
+          assert.equal(other, claim()[1].c_id)
+          assert.same({}, claim())                  -- the third waits for the second
+          assert.equal("pending", assert(store:get(ids[3])).status)
           store:close()
         end)
 

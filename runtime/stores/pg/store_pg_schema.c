@@ -69,11 +69,13 @@
 
 /* The claim's query: at most p_limit due deliveries of p_topics, claimed (or buried when out of
  * attempts) and returned (CLAIM_FUNCTION; schema 11 runs it again per limited topic). */
-#define CLAIM_QUERY(G) \
-    "  RETURN QUERY WITH c AS (SELECT id FROM \"@T\" AS x" \
+#define CLAIM_QUERY(G) CLAIM_ROWS("SELECT id FROM \"@T\" AS x" \
     "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" G##_FREE \
-    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
-    " u AS (UPDATE \"@T\" AS d SET" \
+    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED", "", G)
+/* The claim of the ids that CANDIDATES selects (locked), SET first among the row's changes. */
+#define CLAIM_ROWS(CANDIDATES, SET, G) \
+    "  RETURN QUERY WITH c AS (" CANDIDATES ")," \
+    " u AS (UPDATE \"@T\" AS d SET" SET \
     "  status = CASE WHEN d.attempts >= d.max_attempts THEN 'buried' ELSE 'processing' END," \
     "  attempts = CASE WHEN d.attempts >= d.max_attempts THEN d.attempts ELSE d.attempts + 1 END," \
     "  fence = CASE WHEN d.attempts >= d.max_attempts THEN d.fence ELSE d.fence + 1 END," \
@@ -197,6 +199,42 @@
     " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
     " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
     " AS q)) AND held_run_at IS NOT NULL;\n"
+/* Schema 16's claim (HANDED) is GROUPED's, but a claim that settles the head of a group hands
+ * the group's next on to itself: the next, when held, due, of p_topics and free by the group's
+ * rule, is claimed in the same write that gives it its run_at back (the release's row write and
+ * its NOTIFY spared), ahead of the claim's walk of "@T_due" (which would find it there first
+ * anyway: its run_at is its enqueue's). The group's lock is held, so no enqueue adds a held one
+ * behind a head meanwhile; the rule (GROUPED_FREE) still decides, so a group an operator kicked
+ * a delivery back into is not handed on past it. The rest of the nexts are released as in
+ * GROUPED; p_limit shrinks by those handed on. */
+#define HANDED_SETTLE_BEGIN GROUPED_SETTLE_BEGIN
+#define HANDED_SETTLE_END \
+    "    PERFORM set_config('relaybus.group_release', '', true);\n" \
+    "    PERFORM pg_advisory_xact_lock(q.k) FROM (SELECT DISTINCT " GROUP_KEY("d.group_name") \
+    " AS k FROM \"@T\" AS d WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL" \
+    " AND d.status IN ('completed', 'buried') ORDER BY 1) AS q;\n" \
+    "    nexts := ARRAY(SELECT (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = q.n AND g." LIVE \
+    " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
+    " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
+    " AS q);\n" \
+    "    IF cardinality(nexts) > 0 AND p_limit > 0 AND cardinality(p_topics) > 0 THEN\n" \
+    CLAIM_ROWS("SELECT id FROM \"@T\" AS x WHERE x.id = ANY(nexts) AND x.status = waiting_status" \
+               " AND x.held_run_at <= now() AND topic = ANY(p_topics)" GROUPED_FREE \
+               " ORDER BY x.held_run_at, x.id LIMIT p_limit FOR UPDATE SKIP LOCKED", \
+               " run_at = coalesce(d.held_run_at, d.run_at), held_run_at = NULL,", GROUPED) \
+    "      GET DIAGNOSTICS handed = ROW_COUNT;\n" \
+    "      p_limit := p_limit - handed;\n" \
+    "    END IF;\n" \
+    "    IF cardinality(nexts) > 0 THEN\n" \
+    "      UPDATE \"@T\" SET run_at = held_run_at, held_run_at = NULL WHERE id = ANY(nexts)" \
+    " AND held_run_at IS NOT NULL;\n" \
+    "    END IF;\n"
+#define HANDED_DECL " nexts bigint[]; handed bigint; waiting_status constant text := 'pending';\n"
+#define HANDED_LIMITS GROUPED_LIMITS
+#define HANDED_FREE GROUPED_FREE
+#define HANDED_COLUMN GROUPED_COLUMN
+#define HANDED_NULL GROUPED_NULL
+#define HANDED_VALUE GROUPED_VALUE
 #define UNGROUPED_LIMITS ""
 /* Limits per topic (schema 11; LIMITS_DECL, LIMITS_START): the limited topics among those asked
  * for are left out of the claim's first query; then each, in topic order, under its advisory
@@ -855,6 +893,11 @@ static const char *const migrations[] = {
     "INSERT INTO \"@T_counts\" (topic, buried, cancelled) SELECT topic,"
     " count(*) FILTER (WHERE status = 'buried'), count(*) FILTER (WHERE status = 'cancelled')"
     " FROM \"@T\" WHERE status IN ('buried', 'cancelled') GROUP BY topic;\n",
+    /* 16: the claim hands a group on (HANDED above); its rows are those of 11 */
+    CLAIM_FUNCTION(PAUSED_DECL LIMITS_DECL HANDED_DECL, PAUSED_START LIMITS_START, ERRORS_ADD,
+                   HANDED)
+    "ALTER FUNCTION \"@T_claim\"(text[], bigint, float8, text, bigint[], text[], integer[],"
+    " float8[], text[], boolean, boolean) SET search_path FROM CURRENT;\n",
 };
 #define PG_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
