@@ -1434,6 +1434,35 @@ for _, entry in ipairs(S.list { dialects = true }) do
         assert.is_true(resumed_at ~= nil and second_at >= resumed_at, "the next of a paused group started")
       end)
 
+      -- (found by a hostile review: a claim that took each settled head's next first let one
+      -- process run its groups' whole backlogs before anything else of their topics)
+      it("a group's backlog does not hold back work that fell due before it", function()
+        for i = 1, 4 do
+          assert(store:enqueue("gr.fair", { n = "a" .. i }, { group = "a" }))
+          assert(store:enqueue("gr.fair", { n = "b" .. i }, { group = "b" }))
+          assert(store:enqueue("gr.fair", { n = "u" .. i }))
+        end
+        local at = {}
+        local d = H.dispatcher(store, { concurrency = 1, poll_interval = 0.05 })
+        local stop = H.stopper(d)
+        local n = 0
+        d:handle("gr.fair", function(delivery, ctx)
+          n = n + 1
+          at[delivery.payload.n] = n
+          ctx:sleep(0.01)
+          if n == 12 then stop() end
+        end)
+        assert.is_true((H.run(d, 20)))
+        -- one at a time, so each ungrouped one starts before the groups' deliveries enqueued
+        -- two rounds after it
+        for i = 1, 2 do
+          for _, g in ipairs { "a", "b" } do
+            assert.is_true(at["u" .. i] < at[g .. (i + 2)], string.format("u%d started %s, after %s%d (%s)",
+              i, at["u" .. i], g, i + 2, at[g .. (i + 2)]))
+          end
+        end
+      end)
+
       it("the groups of a limited topic keep its limits as their heads settle", function()
         assert(store:limit("gr.conc", { concurrency = 1 }))
         assert(store:limit("gr.rate", { rate = 2, per = 0.6 }))

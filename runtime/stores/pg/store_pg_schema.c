@@ -144,7 +144,7 @@
     G##_SETTLE_END \
     "  END IF;\n" \
     "  IF p_limit > 0 THEN\n" \
-    CLAIM_QUERY(G) \
+    G##_CLAIM \
     "  GET DIAGNOSTICS claimed = ROW_COUNT;\n" \
     G##_LIMITS \
     "  IF p_next AND claimed < p_limit THEN\n" \
@@ -199,14 +199,16 @@
     " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
     " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
     " AS q)) AND held_run_at IS NOT NULL;\n"
-/* Schema 16's claim (HANDED) is GROUPED's, but a claim that settles the head of a group hands
- * the group's next on to itself: the next, when held, due, of p_topics and free by the group's
- * rule, is claimed in the same write that gives it its run_at back (the release's row write and
- * its NOTIFY spared), ahead of the claim's walk of "@T_due" (which would find it there first
- * anyway: its run_at is its enqueue's). The group's lock is held, so no enqueue adds a held one
- * behind a head meanwhile; the rule (GROUPED_FREE) still decides, so a group an operator kicked
- * a delivery back into is not handed on past it. The rest of the nexts are released as in
- * GROUPED; p_limit shrinks by those handed on. */
+/* Schema 16's claim (HANDED) is GROUPED's, but the nexts its settles release are claimed with
+ * no write of their own: HANDED_SETTLE_END only finds them (the live one of the smallest id
+ * of each group a settle completed or buried the head of; the group's lock is held, so no
+ * enqueue adds a held one behind a head meanwhile), and the claim's candidates (HANDED_CLAIM)
+ * are the walk of "@T_due" and those of them that are held, due by their held_run_at, of
+ * p_topics (so neither paused nor limited) and free by the group's rule (an operator may
+ * have kicked an older one back), ordered together by due time: a group's next goes where
+ * its release would have put it, not ahead of older work. The update that claims one gives
+ * it its run_at back; those left are released after the claim (HANDED_LIMITS), or at once by
+ * a call that does not claim. One row write and one NOTIFY fewer per grouped delivery. */
 #define HANDED_SETTLE_BEGIN GROUPED_SETTLE_BEGIN
 #define HANDED_SETTLE_END \
     "    PERFORM set_config('relaybus.group_release', '', true);\n" \
@@ -217,24 +219,36 @@
     " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
     " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
     " AS q);\n" \
-    "    IF cardinality(nexts) > 0 AND p_limit > 0 AND cardinality(p_topics) > 0 THEN\n" \
-    CLAIM_ROWS("SELECT id FROM \"@T\" AS x WHERE x.id = ANY(nexts) AND x.status = waiting_status" \
-               " AND x.held_run_at <= now() AND topic = ANY(p_topics)" GROUPED_FREE \
-               " ORDER BY x.held_run_at, x.id LIMIT p_limit FOR UPDATE SKIP LOCKED", \
-               " run_at = coalesce(d.held_run_at, d.run_at), held_run_at = NULL,", GROUPED) \
-    "      GET DIAGNOSTICS handed = ROW_COUNT;\n" \
-    "      p_limit := p_limit - handed;\n" \
-    "    END IF;\n" \
+    "    IF p_limit <= 0 THEN\n" \
+    HANDED_RELEASE \
+    "    END IF;\n"
+#define HANDED_RELEASE \
     "    IF cardinality(nexts) > 0 THEN\n" \
     "      UPDATE \"@T\" SET run_at = held_run_at, held_run_at = NULL WHERE id = ANY(nexts)" \
     " AND held_run_at IS NOT NULL;\n" \
     "    END IF;\n"
-#define HANDED_DECL " nexts bigint[]; handed bigint; waiting_status constant text := 'pending';\n"
-#define HANDED_LIMITS GROUPED_LIMITS
+/* (the held ones' status is compared with a variable, so the planner cannot prove the
+ * predicate of "@T_due" and walk all of it for their ids: it goes by the primary key) */
+#define HANDED_CLAIM CLAIM_ROWS( \
+    "WITH w AS (SELECT x.id, " DUE " AS due FROM \"@T\" AS x WHERE " LIVE " AND " DUE " <= now()" \
+    "  AND topic = ANY(p_topics)" GROUPED_FREE \
+    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
+    " h AS (SELECT x.id, x.held_run_at AS due FROM \"@T\" AS x WHERE x.id = ANY(nexts)" \
+    "  AND x.status = waiting_status AND x.held_run_at <= now() AND topic = ANY(p_topics)" \
+    GROUPED_FREE " FOR UPDATE SKIP LOCKED)" \
+    " SELECT a.id FROM (SELECT * FROM w UNION ALL SELECT * FROM h) AS a" \
+    " ORDER BY a.due, a.id LIMIT p_limit", \
+    " run_at = CASE WHEN d.id = ANY(nexts) THEN coalesce(d.held_run_at, d.run_at)" \
+    "  ELSE d.run_at END," \
+    " held_run_at = CASE WHEN d.id = ANY(nexts) THEN NULL ELSE d.held_run_at END,", GROUPED)
+#define HANDED_DECL " nexts bigint[] := '{}'; waiting_status constant text := 'pending';\n"
+#define HANDED_LIMITS HANDED_RELEASE GROUPED_LIMITS
 #define HANDED_FREE GROUPED_FREE
 #define HANDED_COLUMN GROUPED_COLUMN
 #define HANDED_NULL GROUPED_NULL
 #define HANDED_VALUE GROUPED_VALUE
+#define UNGROUPED_CLAIM CLAIM_QUERY(UNGROUPED)
+#define GROUPED_CLAIM CLAIM_QUERY(GROUPED)
 #define UNGROUPED_LIMITS ""
 /* Limits per topic (schema 11; LIMITS_DECL, LIMITS_START): the limited topics among those asked
  * for are left out of the claim's first query; then each, in topic order, under its advisory
