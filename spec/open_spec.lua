@@ -120,7 +120,7 @@ local function back_to_version_15(store, t)
   local def = claim_function(store, t, "pg_get_functiondef(oid)")
   def = replace(def, " nexts bigint[] := '{}'; waiting_status constant text := 'pending';\n", "")
   -- the settles release the nexts at once
-  local from, to = "    nexts := ARRAY(", ");\n    IF p_limit <= 0 THEN"
+  local from, to = "    nexts := ARRAY(", ");\n    IF NOT coalesce(p_limit > 0, false) THEN"
   local a, b = assert(def:find(from, 1, true)), def:find(to, 1, true)
   local nexts = def:sub(a + #from, b - 1)
   def = cut(def, from, "    END IF;\n    END IF;\n")
@@ -966,6 +966,16 @@ print("RAN " .. table.concat(ran, ","))
           end)
           assert.is_true(ok, writes)
           assert.equal(1, writes[1].n)
+          -- (found by attack: a settle called by hand with a NULL limit left the next held)
+          local fourth = assert(store:enqueue("grp", { n = 4 }, { group = "g" }))
+          local okn, errn = store:transaction(function(tx)
+            return tx:query('SELECT c_settled FROM "' .. t .. '_claim"(NULL, NULL, 0, NULL, ARRAY['
+              .. ids[3] .. "]::bigint[], ARRAY['tok'], ARRAY[0], ARRAY[0]::float8[], ARRAY[NULL]::text[], false, false)")
+          end)
+          assert.is_true(okn, errn)
+          local after = claim()
+          assert.equal(1, #after, "the next stayed held")
+          assert.equal(fourth, after[1].c_id)
           store:close()
         end)
 

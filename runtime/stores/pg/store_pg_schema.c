@@ -208,7 +208,11 @@
  * have kicked an older one back), ordered together by due time: a group's next goes where
  * its release would have put it, not ahead of older work. The update that claims one gives
  * it its run_at back; those left are released after the claim (HANDED_LIMITS), or at once by
- * a call that does not claim. One row write and one NOTIFY fewer per grouped delivery. */
+ * a call that does not claim. One row write and one NOTIFY fewer per grouped delivery.
+ * (A next is held, run_at 'infinity', so never also in the walk: x.run_at > now() keeps one
+ * edited by hand from counting twice. The rows the walk locked and the limit then left out
+ * stay locked until the claim commits: claims beside it skip them meanwhile, as they skip
+ * any claim's.) */
 #define HANDED_SETTLE_BEGIN GROUPED_SETTLE_BEGIN
 #define HANDED_SETTLE_END \
     "    PERFORM set_config('relaybus.group_release', '', true);\n" \
@@ -219,7 +223,7 @@
     " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
     " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
     " AS q);\n" \
-    "    IF p_limit <= 0 THEN\n" \
+    "    IF NOT coalesce(p_limit > 0, false) THEN\n" \
     HANDED_RELEASE \
     "    END IF;\n"
 #define HANDED_RELEASE \
@@ -234,8 +238,9 @@
     "  AND topic = ANY(p_topics)" GROUPED_FREE \
     "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
     " h AS (SELECT x.id, x.held_run_at AS due FROM \"@T\" AS x WHERE x.id = ANY(nexts)" \
-    "  AND x.status = waiting_status AND x.held_run_at <= now() AND topic = ANY(p_topics)" \
-    GROUPED_FREE " FOR UPDATE SKIP LOCKED)" \
+    "  AND x.status = waiting_status AND x.held_run_at <= now() AND x.run_at > now()" \
+    "  AND topic = ANY(p_topics)" GROUPED_FREE \
+    "  ORDER BY x.held_run_at, x.id LIMIT p_limit FOR UPDATE SKIP LOCKED)" \
     " SELECT a.id FROM (SELECT * FROM w UNION ALL SELECT * FROM h) AS a" \
     " ORDER BY a.due, a.id LIMIT p_limit", \
     " run_at = CASE WHEN d.id = ANY(nexts) THEN coalesce(d.held_run_at, d.run_at)" \
