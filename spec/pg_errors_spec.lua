@@ -115,6 +115,39 @@ if entry then
       assert.same({ fine = "yes" }, assert(store:get(id)).payload)
     end)
 
+    -- (found by a hostile review of the group hand-off; as old as groups: an operator's
+    -- cancel of a held delivery locks its row, then its trigger waits for the group's lock,
+    -- which a claim settling the group's head holds while it waits for that row)
+    it("an operator's cancel that PostgreSQL aborts to break a deadlock goes again and cancels", function()
+      assert(store:enqueue("dl", 1, { group = "g" }))
+      local held = assert(store:enqueue("dl", 2, { group = "g" }))
+      local other = assert(relaybus.open(url, opts))
+      local key = "(('\"" .. tbl .. "\"'::regclass::oid::bigint << 32) | (hashtext('g')::bigint & 4294967295))"
+      local tx_ok, tx_err, cancelled, cancel_err, done = nil, nil, nil, nil, 0
+      relaybus.spawn(function()
+        -- the group's lock first, then (once the cancel holds the row) the row
+        tx_ok, tx_err = other:transaction(function(tx)
+          assert(tx:query("SELECT pg_advisory_xact_lock(" .. key .. ")"))
+          relaybus.sleep(0.4)
+          assert(tx:exec('UPDATE "' .. tbl .. '" SET payload = payload WHERE id = ' .. held))
+          return true
+        end)
+        done = done + 1
+      end)
+      relaybus.spawn(function()
+        relaybus.sleep(0.1)
+        cancelled, cancel_err = store:cancel(held)
+        done = done + 1
+      end)
+      assert.is_true(H.poll(function() return done == 2 end, 15), "the two did not finish")
+      other:close()
+      -- PostgreSQL aborted one of the two (the cancel, which waited first): both succeed
+      assert.is_true(tx_ok, tx_err)
+      assert.is_nil(cancel_err)
+      assert.is_true(cancelled)
+      assert.equal("cancelled", assert(store:get(held)).status)
+    end)
+
     it("a topic or dedupe key with a NUL in it is refused or kept whole, never cut at the NUL", function()
       local function check(topic, key)
         local ok, id, err = pcall(store.enqueue, store, topic, 1, { key = key })

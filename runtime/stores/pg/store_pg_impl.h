@@ -41,6 +41,7 @@ struct pg_op {
     int nparams;
     char **params;              /* owned; NULL entries are SQL NULL */
     int sent;                   /* reached libpq: no longer safe to retry elsewhere */
+    int deadlocks;              /* times PostgreSQL broke a deadlock by aborting it */
     pg_done_fn done;
     rb_store_cb cb;
     void *ud;
@@ -77,6 +78,7 @@ struct pg_conn {
     int preparing;              /* cur waits for its PREPARE */
     PGresult *res;
     char *err;
+    int deadlock;               /* err is a deadlock's (SQLSTATE 40P01) */
     unsigned prepared;          /* bit per statement */
     rb_tx *tx;                  /* the transaction holding this connection */
     RB_FIFO(pg_op) q;           /* the transaction's statements waiting */

@@ -228,7 +228,11 @@ static void conn_keep_result(pg_conn *c, PGresult *r)
 {
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
-        if (!c->err) c->err = rb_pg_result_error(r);
+        if (!c->err) {
+            const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+            c->deadlock = state && strcmp(state, "40P01") == 0;
+            c->err = rb_pg_result_error(r);
+        }
         PQclear(r);
         return;
     }
@@ -236,19 +240,36 @@ static void conn_keep_result(pg_conn *c, PGresult *r)
     c->res = r;
 }
 
-/* Hands the finished statement to its operation, then gives the connection more work. */
+/* Hands the finished statement to its operation, then gives the connection more work. A
+ * statement of its own transaction that PostgreSQL aborted to break a deadlock wrote nothing
+ * and let the other side through: it goes again, first in line, up to PG_DEADLOCK_TRIES in
+ * all, rather than fail its caller (an operator's cancel beside a claim that settles the head
+ * of the same group takes their two locks in the other order). */
+#define PG_DEADLOCK_TRIES 3
 static void conn_finish_op(pg_conn *c)
 {
     pg_store *s = c->s;
     pg_op *op = c->cur;
     PGresult *res = c->res;
     char *err = c->err;
+    int deadlock = err && c->deadlock;
     conn_check(c);
     RB_ASSERT(op != NULL);
     c->cur = NULL;
     c->res = NULL;
     c->err = NULL;
+    c->deadlock = 0;
     conn_watch(c, EV_READ);
+    if (deadlock && !op->in_tx && !op->tx && op->deadlocks + 1 < PG_DEADLOCK_TRIES && !s->closed) {
+        op->deadlocks++;
+        op->sent = 0;
+        if (res) PQclear(res);
+        free(err);
+        RB_FIFO_PUSH_FRONT_LIST(&s->ops, op, op);
+        if (c->fatal[0] || PQstatus(c->pq) == CONNECTION_BAD) { conn_lost(c, conn_why(c)); return; }
+        conn_next(c);
+        return;
+    }
     if (!err && !res) err = rb_strdup("postgresql: no result");
     if (op->in_tx && op->tx) pg_tx_statement_done(op->tx, c, err);
     op->done(op, err ? NULL : res, err);
