@@ -69,9 +69,12 @@
 
 /* The claim's query: at most p_limit due deliveries of p_topics, claimed (or buried when out of
  * attempts) and returned (CLAIM_FUNCTION; schema 11 runs it again per limited topic). */
-#define CLAIM_QUERY(G) CLAIM_ROWS("SELECT id FROM \"@T\" AS x" \
+#define CLAIM_QUERY(G) CLAIM_ROWS(DUE_WALK("id", G), "", G)
+/* The walk of "@T_due": at most p_limit due rows of p_topics free by G's rule, locked;
+ * COLS of each. */
+#define DUE_WALK(COLS, G) "SELECT " COLS " FROM \"@T\" AS x" \
     "  WHERE " LIVE " AND " DUE " <= now() AND topic = ANY(p_topics)" G##_FREE \
-    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED", "", G)
+    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED"
 /* The claim of the ids that CANDIDATES selects (locked), SET first among the row's changes. */
 #define CLAIM_ROWS(CANDIDATES, SET, G) \
     "  RETURN QUERY WITH c AS (" CANDIDATES ")," \
@@ -187,18 +190,24 @@
  * of the smallest id of each gets its run_at back when held (= ANY(ARRAY(...)): by the primary
  * key, as the claim's update). (A row whose write was fenced
  * may have been settled by its new holder: letting its group go again changes nothing.) */
+/* The groups of the rows of the batch completed or buried now: each locked (in one order, so
+ * two batches cannot wait for each other's), and the live one of the smallest id of each. */
+#define SETTLED_GROUPS_LOCK \
+    "    PERFORM pg_advisory_xact_lock(q.k) FROM (SELECT DISTINCT " GROUP_KEY("d.group_name") \
+    " AS k FROM \"@T\" AS d WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL" \
+    " AND d.status IN ('completed', 'buried') ORDER BY 1) AS q;\n"
+#define SETTLED_GROUPS_NEXTS \
+    "SELECT (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = q.n AND g." LIVE \
+    " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
+    " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
+    " AS q"
 #define GROUPED_SETTLE_BEGIN \
     "    PERFORM set_config('relaybus.group_release', 'batch', true);\n"
 #define GROUPED_SETTLE_END \
     "    PERFORM set_config('relaybus.group_release', '', true);\n" \
-    "    PERFORM pg_advisory_xact_lock(q.k) FROM (SELECT DISTINCT " GROUP_KEY("d.group_name") \
-    " AS k FROM \"@T\" AS d WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL" \
-    " AND d.status IN ('completed', 'buried') ORDER BY 1) AS q;\n" \
+    SETTLED_GROUPS_LOCK \
     "    UPDATE \"@T\" SET run_at = held_run_at, held_run_at = NULL WHERE id = ANY(ARRAY(" \
-    "SELECT (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = q.n AND g." LIVE \
-    " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
-    " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
-    " AS q)) AND held_run_at IS NOT NULL;\n"
+    SETTLED_GROUPS_NEXTS ")) AND held_run_at IS NOT NULL;\n"
 /* Schema 16's claim (HANDED) is GROUPED's, but the nexts its settles release are claimed with
  * no write of their own: HANDED_SETTLE_END only finds them (the live one of the smallest id
  * of each group a settle completed or buried the head of; the group's lock is held, so no
@@ -216,13 +225,8 @@
 #define HANDED_SETTLE_BEGIN GROUPED_SETTLE_BEGIN
 #define HANDED_SETTLE_END \
     "    PERFORM set_config('relaybus.group_release', '', true);\n" \
-    "    PERFORM pg_advisory_xact_lock(q.k) FROM (SELECT DISTINCT " GROUP_KEY("d.group_name") \
-    " AS k FROM \"@T\" AS d WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL" \
-    " AND d.status IN ('completed', 'buried') ORDER BY 1) AS q;\n" \
-    "    nexts := ARRAY(SELECT (SELECT g.id FROM \"@T\" AS g WHERE g.group_name = q.n AND g." LIVE \
-    " ORDER BY g.id LIMIT 1) FROM (SELECT DISTINCT d.group_name AS n FROM \"@T\" AS d" \
-    " WHERE d.id = ANY(s_id) AND d.group_name IS NOT NULL AND d.status IN ('completed', 'buried'))" \
-    " AS q);\n" \
+    SETTLED_GROUPS_LOCK \
+    "    nexts := ARRAY(" SETTLED_GROUPS_NEXTS ");\n" \
     "    IF NOT coalesce(p_limit > 0, false) THEN\n" \
     HANDED_RELEASE \
     "    END IF;\n"
@@ -234,9 +238,7 @@
 /* (the held ones' status is compared with a variable, so the planner cannot prove the
  * predicate of "@T_due" and walk all of it for their ids: it goes by the primary key) */
 #define HANDED_CLAIM CLAIM_ROWS( \
-    "WITH w AS (SELECT x.id, " DUE " AS due FROM \"@T\" AS x WHERE " LIVE " AND " DUE " <= now()" \
-    "  AND topic = ANY(p_topics)" GROUPED_FREE \
-    "  ORDER BY " DUE ", id LIMIT p_limit FOR UPDATE SKIP LOCKED)," \
+    "WITH w AS (" DUE_WALK("x.id, " DUE " AS due", GROUPED) ")," \
     " h AS (SELECT x.id, x.held_run_at AS due FROM \"@T\" AS x WHERE x.id = ANY(nexts)" \
     "  AND x.status = waiting_status AND x.held_run_at <= now() AND x.run_at > now()" \
     "  AND topic = ANY(p_topics)" GROUPED_FREE \
