@@ -148,6 +148,41 @@ if entry then
       assert.equal("cancelled", assert(store:get(held)).status)
     end)
 
+    it("a statement of a user's transaction that a deadlock aborts is not sent again: the transaction fails", function()
+      local a = assert(store:enqueue("dl", 1))
+      local b = assert(store:enqueue("dl", 2))
+      local other = assert(relaybus.open(url, opts))
+      local upd = 'UPDATE "' .. tbl .. '" SET payload = payload WHERE id = '
+      local res, done = {}, 0
+      -- two transactions that lock the two rows in opposite orders
+      local function side(st, first, second, wait)
+        relaybus.spawn(function()
+          local ok, err = st:transaction(function(tx)
+            assert(tx:exec(upd .. first))
+            relaybus.sleep(wait)
+            local ok2, err2 = tx:exec(upd .. second)
+            if not ok2 then error(err2, 0) end
+            return true
+          end)
+          res[#res + 1] = { ok = ok, err = err }
+          done = done + 1
+        end)
+      end
+      side(store, a, b, 0.3)
+      side(other, b, a, 0.5)
+      assert.is_true(H.poll(function() return done == 2 end, 15), "the two did not finish")
+      other:close()
+      local failed = 0
+      for _, r in ipairs(res) do
+        if not r.ok then
+          failed = failed + 1
+          H.one_line(tostring(r.err))
+          assert.truthy(tostring(r.err):find("deadlock", 1, true), tostring(r.err))
+        end
+      end
+      assert.equal(1, failed)
+    end)
+
     it("a topic or dedupe key with a NUL in it is refused or kept whole, never cut at the NUL", function()
       local function check(topic, key)
         local ok, id, err = pcall(store.enqueue, store, topic, 1, { key = key })
